@@ -1,0 +1,1 @@
+"""Where models come from: the local store, the built-in default model, aliases and pulls."""
