@@ -1,0 +1,49 @@
+"""The `localllm` command: assembles the commands, nothing else (each lives in its own module)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from . import show as show_cmd
+from .errors import report
+
+app = typer.Typer(
+    name="localllm",
+    help="Run quantized GGUF language models locally.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("show")(show_cmd.show)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console-script entry point: runs the app and maps errors to one line and an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or os.environ.get("LOCALLLM_DEBUG") == "1"
+    args = [a for a in args if a != "--debug"]
+    try:
+        app(args=args, prog_name="localllm", standalone_mode=False)
+    except typer.Exit as exc:
+        return exc.exit_code
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # click usage errors carry their own exit code
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        return report(exc, debug)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
