@@ -1,0 +1,106 @@
+"""The Numba CPU backend: the default. Weights stay quantized in the memory-mapped file."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ... import quant
+from ...errors import LocalLLMError
+from ..base import Backend, Weight
+from . import kernels
+from .matmul import MatmulScratch, gather_rows_kernel, matmul
+
+
+def physical_cores() -> int:
+    """Physical cores (hyper-threads share execution units, so they do not help memory-bound decode)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            pairs = set()
+            physical = core = None
+            for line in f:
+                if line.startswith("physical id"):
+                    physical = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                    pairs.add((physical, core))
+        if pairs:
+            return max(1, min(len(pairs), len(os.sched_getaffinity(0))))
+    except OSError:
+        pass
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None):
+        import numba
+
+        self.threads = threads or physical_cores()
+        if self.threads < 1:
+            raise LocalLLMError(f"threads must be >= 1, got {self.threads}")
+        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        self.scratch = MatmulScratch()
+        self._inv_freq: dict[tuple, np.ndarray] = {}
+        self._scores = np.empty(0, dtype=np.float32)
+
+    def supports(self, qtype: str) -> bool:
+        return quant.is_supported(qtype)
+
+    def upload(self, weight: Weight) -> Weight:
+        return weight
+
+    def alloc(self, shape, dtype=np.float32):
+        return np.zeros(shape, dtype=dtype)
+
+    def to_host(self, buffer):
+        return buffer
+
+    def matmul(self, w: Weight, x, out, bias=None) -> None:
+        qt = quant.get(w.qtype)
+        matmul(qt, w.data, x, out, self.scratch)
+        if bias is not None:
+            out += bias
+
+    def embed(self, w: Weight, ids, out) -> None:
+        gather_rows_kernel(quant.get(w.qtype))(w.data, ids, out)
+
+    def rms_norm(self, x, weight, eps, out) -> None:
+        d = weight.shape[0]
+        kernels.rms_norm(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
+
+    def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0) -> None:
+        key = (n_rot, float(base), float(freq_scale), id(freq_factors))
+        inv_freq = self._inv_freq.get(key)
+        if inv_freq is None:
+            inv_freq = np.empty(n_rot // 2, dtype=np.float32)
+            factors = np.asarray(freq_factors, dtype=np.float32) if freq_factors is not None else np.empty(0, np.float32)
+            kernels.rope_inv_freqs(n_rot, float(base), float(freq_scale), factors, inv_freq)
+            self._inv_freq[key] = inv_freq
+        kernels.rope(x, positions, inv_freq, bool(neox))
+
+    def kv_store(self, cache_k, cache_v, k, v, start) -> None:
+        n = k.shape[0]
+        cache_k[start : start + n] = k
+        cache_v[start : start + n] = v
+
+    def attention(self, q, cache_k, cache_v, start, scale, window, out) -> None:
+        n_tokens, n_head, _ = q.shape
+        needed = n_tokens * n_head * (start + n_tokens)
+        if self._scores.size < needed:
+            self._scores = np.empty(needed, dtype=np.float32)
+        scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
+        kernels.attention(q, cache_k, cache_v, start, np.float32(scale), int(window), out, scores)
+
+    def gated_act(self, gate, up, out, kind) -> None:
+        if kind not in ("silu", "gelu_tanh"):
+            raise LocalLLMError(f"unknown activation {kind!r}")
+        kernels.gated_act(gate, up, out, kind == "gelu_tanh")
+
+    def add(self, a, b, out) -> None:
+        np.add(a, b, out=out)
+
+    def scale(self, x, factor, out) -> None:
+        np.multiply(x, np.float32(factor), out=out)

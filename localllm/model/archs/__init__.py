@@ -1,0 +1,23 @@
+"""Architecture registry: `general.architecture` -> (module, class). One line per architecture."""
+
+from __future__ import annotations
+
+import importlib
+
+from ...errors import UnsupportedArchitecture
+
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "Llama"),
+    "qwen2": ("qwen2", "Qwen2"),
+    "qwen3": ("qwen3", "Qwen3"),
+    "gemma3": ("gemma3", "Gemma3"),
+}
+
+
+def architecture_class(name: str | None):
+    if name not in ARCHITECTURES:
+        raise UnsupportedArchitecture(
+            f"unsupported architecture {name!r} (supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
+    module, cls = ARCHITECTURES[name]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)

@@ -1,0 +1,194 @@
+"""The library façade: `localllm.load(...)` -> Model; `model.generate(...)` yields events."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional, Union
+
+import numpy as np
+
+from .backends import create_backend
+from .errors import ContextOverflow, LocalLLMError
+from .generate import Event, Session, generate_tokens
+from .gguf import GGUFReader
+from .model.archs import architecture_class
+from .model.decoder import KVCache
+
+# Never let the KV cache take more than this share of the memory available at load time.
+KV_MEMORY_SHARE = 0.5
+
+
+@dataclass
+class MemoryEstimate:
+    weights_bytes: int  # mapped from the file (page cache), not copied
+    kv_bytes: int
+    n_ctx: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_bytes
+
+
+def available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _kv_bytes_per_token(reader) -> int:
+    from .model.hparams import HParams
+
+    hp = HParams.from_reader(reader, n_vocab=1)
+    return KVCache.bytes_needed(hp, 1)
+
+
+def estimate_memory(path, n_ctx: Optional[int] = None) -> MemoryEstimate:
+    """Weights + KV cache at n_ctx (default: the context `load` would choose). Reads only metadata."""
+    with GGUFReader(path) as reader:
+        return _estimate(reader, n_ctx)
+
+
+def _estimate(reader, n_ctx: Optional[int]) -> MemoryEstimate:
+    per_token = _kv_bytes_per_token(reader)
+    trained = int(reader.arch_get("context_length") or 2048)
+    if n_ctx is None:
+        affordable = int(available_memory() * KV_MEMORY_SHARE // max(per_token, 1))
+        n_ctx = max(256, min(trained, affordable))
+    weights = sum(t.nbytes for t in reader.tensors.values())
+    return MemoryEstimate(weights, per_token * n_ctx, n_ctx)
+
+
+class Model:
+    """A loaded model: decoder bound to a backend, tokenizer, chat template, default session."""
+
+    def __init__(self, path: Path, reader, decoder, tokenizer, backend, memory: MemoryEstimate):
+        self.path = path
+        self.reader = reader
+        self.decoder = decoder
+        self.tokenizer = tokenizer
+        self.backend = backend
+        self.memory = memory
+        self.n_ctx = memory.n_ctx
+        self._template = None
+        self.session = self.new_session()
+
+    # -- pieces -----------------------------------------------------------------------------------------
+    @property
+    def architecture(self) -> str:
+        return self.reader.architecture
+
+    @property
+    def chat_template(self):
+        if self._template is None:
+            from .chat.templates import ChatTemplate
+
+            tok = self.tokenizer
+            bos = tok.tokens[tok.bos_id] if tok.bos_id is not None and tok.bos_id >= 0 else ""
+            eos = tok.tokens[tok.eos_id] if tok.eos_id is not None and tok.eos_id >= 0 else ""
+            self._template = ChatTemplate.from_metadata(self.reader.metadata, bos_token=bos, eos_token=eos)
+        return self._template
+
+    def new_session(self) -> Session:
+        return Session(cache=KVCache(self.backend, self.decoder.hp, self.n_ctx))
+
+    def tokenize(self, text: str, add_bos: Optional[bool] = None, special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos, parse_special=special)
+
+    def detokenize(self, ids) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Chat messages -> prompt token ids (the template's text, special tokens parsed, no extra BOS
+        when the template already starts with it)."""
+        text = self.chat_template.apply(messages, add_generation_prompt=add_generation_prompt)
+        ids = self.tokenizer.encode(text, add_bos=True, parse_special=True)
+        bos = self.tokenizer.bos_id
+        if len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+    def logits(self, tokens, session: Optional[Session] = None) -> np.ndarray:
+        """Logits at every position of `tokens`, evaluated from position 0 in one batched pass."""
+        session = session or self.new_session()
+        if len(tokens) > self.n_ctx:
+            raise ContextOverflow(len(tokens), self.n_ctx)
+        session.reset()
+        out = self.decoder.forward(np.asarray(tokens, dtype=np.int32), 0, session.cache, all_logits=True)
+        session.tokens = list(tokens)
+        return out.copy()
+
+    # -- generation -----------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Union[str, list[dict], list[int]],
+        *,
+        max_tokens: int = 256,
+        sampling=None,
+        session: Optional[Session] = None,
+        stop: Optional[list[str]] = None,
+        top_logprobs: int = 0,
+        add_bos: Optional[bool] = None,
+        **sampling_options,
+    ) -> Iterator[Event]:
+        """Yield events for a text prompt, a list of chat messages (template applied), or token ids.
+
+        `sampling` is a SamplingConfig; keyword options (temperature=…, seed=…) build one instead.
+        The default session keeps its KV cache across calls: a prompt that extends the previous one
+        (a chat's next turn) prefills only the new tokens.
+        """
+        from .sampling import Sampler, SamplingConfig
+
+        if sampling is None:
+            sampling = SamplingConfig(**sampling_options)
+        elif sampling_options:
+            raise TypeError("pass either sampling= or sampling keyword options, not both")
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, add_bos=add_bos)
+        elif prompt and isinstance(prompt[0], dict):
+            ids = self.render_chat(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        sampler = Sampler(sampling, self.decoder.hp.n_vocab)
+        stops = list(stop or []) + list(getattr(sampling, "stop", None) or [])
+        yield from generate_tokens(
+            self.decoder,
+            self.tokenizer,
+            session or self.session,
+            ids,
+            sampler,
+            max_tokens=max_tokens,
+            n_ctx=self.n_ctx,
+            stop=stops,
+            top_logprobs=top_logprobs,
+        )
+
+
+def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, threads: Optional[int] = None, backend: str = "cpu") -> Model:
+    """Load a GGUF model by path or name (None: the built-in default) and bind it to a backend.
+
+    Every tensor is checked (presence, shape, type) before any kernel runs; nothing is printed.
+    """
+    from .hub.resolve import resolve_model
+    from .tokenizer import Tokenizer
+
+    path = resolve_model(None if model is None else str(model))
+    reader = GGUFReader(path)
+    try:
+        arch_cls = architecture_class(reader.architecture)
+        if n_ctx is not None and n_ctx < 16:
+            raise LocalLLMError(f"context size {n_ctx} is too small (minimum 16)")
+        memory = _estimate(reader, n_ctx)
+        tokenizer = Tokenizer.from_metadata(reader.metadata)
+        ops = create_backend(backend, threads)
+        decoder = arch_cls(reader, ops, n_vocab=tokenizer.vocab_size)
+    except BaseException:
+        reader.close()
+        raise
+    return Model(path, reader, decoder, tokenizer, ops, memory)

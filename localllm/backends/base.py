@@ -1,0 +1,101 @@
+"""The backend interface: a small set of ops, not whole layers.
+
+Architecture code is written once against these ops and runs on every backend. Every op writes into a
+caller-supplied buffer (allocated once with `alloc`), so a decode step allocates nothing. Shapes use
+T = tokens in the batch, K = input features, N = output features, H = heads, D = head dim.
+A backend handles device memory through `upload` (weights, once), `alloc` (activations, KV cache) and
+`to_host` (only the logits come back per step).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Weight:
+    """A bound model tensor: its name, ggml type name, ggml shape (ne0 first) and raw data (backend handle)."""
+
+    name: str
+    qtype: str
+    shape: tuple[int, ...]
+    data: Any
+
+    @property
+    def n_out(self) -> int:
+        """Output features of a matrix (its number of rows)."""
+        return int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+
+    @property
+    def n_in(self) -> int:
+        return self.shape[0]
+
+
+class Backend(ABC):
+    name: str = "abstract"
+
+    # -- memory ---------------------------------------------------------------------------------
+    @abstractmethod
+    def supports(self, qtype: str) -> bool:
+        """Whether matmul/embed can read weights of this ggml type."""
+
+    @abstractmethod
+    def upload(self, weight: Weight) -> Weight:
+        """Make a weight usable by the ops (CPU: the zero-copy view itself)."""
+
+    @abstractmethod
+    def alloc(self, shape: tuple[int, ...], dtype=np.float32) -> Any:
+        """A zero-filled buffer for activations or the KV cache."""
+
+    @abstractmethod
+    def to_host(self, buffer: Any) -> np.ndarray:
+        """A host NumPy copy (or view) of a buffer."""
+
+    # -- ops --------------------------------------------------------------------------------------
+    @abstractmethod
+    def matmul(self, w: Weight, x, out, bias=None) -> None:
+        """out[T, N] = x[T, K] @ W[N, K].T (+ bias[N])."""
+
+    @abstractmethod
+    def embed(self, w: Weight, ids: np.ndarray, out) -> None:
+        """out[T, K] = rows ids[T] of the embedding matrix W[vocab, K], dequantized."""
+
+    @abstractmethod
+    def rms_norm(self, x, weight, eps: float, out) -> None:
+        """out[R, D] = x[R, D] / sqrt(mean(x^2) + eps) * weight[D], row by row (R may be T or T*H)."""
+
+    @abstractmethod
+    def rope(self, x, positions: np.ndarray, n_rot: int, base: float, neox: bool, freq_factors=None, freq_scale: float = 1.0) -> None:
+        """Rotate x[T, H, D] in place: position positions[t], first n_rot dims of each head.
+
+        Normal pairing rotates (x[2i], x[2i+1]); NeoX pairing rotates (x[i], x[i + n_rot/2]).
+        Angle = positions[t] * freq_scale * base^(-2i/n_rot) / freq_factors[i].
+        """
+
+    @abstractmethod
+    def kv_store(self, cache_k, cache_v, k, v, start: int) -> None:
+        """cache_k[start:start+T] = k[T, Hkv, D]; cache_v likewise."""
+
+    @abstractmethod
+    def attention(self, q, cache_k, cache_v, start: int, scale: float, window: int, out) -> None:
+        """Causal attention of q[T, Hq, D] (positions start..start+T-1) over cache[0:start+T, Hkv, D].
+
+        GQA: query head h reads kv head h // (Hq / Hkv). Query position p sees keys at positions j with
+        j <= p and p - j < window (window 0: unbounded). out[T, Hq, D].
+        """
+
+    @abstractmethod
+    def gated_act(self, gate, up, out, kind: str) -> None:
+        """out = act(gate) * up, kind 'silu' or 'gelu_tanh'."""
+
+    @abstractmethod
+    def add(self, a, b, out) -> None:
+        """out = a + b."""
+
+    @abstractmethod
+    def scale(self, x, factor: float, out) -> None:
+        """out = x * factor."""

@@ -1,0 +1,123 @@
+"""Numba CPU kernels for the non-matmul ops (see backends/base.py for the contracts)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import prange
+
+from ...quant.jit import fast_kernel
+
+SQRT_2_OVER_PI = 0.7978845608028654
+
+
+@fast_kernel
+def _row_rms_scale(row, eps):
+    total = np.float32(0.0)
+    for i in range(row.shape[0]):
+        total += row[i] * row[i]
+    return np.float32(1.0) / np.sqrt(total / np.float32(row.shape[0]) + np.float32(eps))
+
+
+@fast_kernel(parallel=True)
+def rms_norm(x, weight, eps, out):
+    """x float32[R, D], weight float32[D] -> out float32[R, D]."""
+    for r in prange(x.shape[0]):
+        inv = _row_rms_scale(x[r], eps)
+        for i in range(x.shape[1]):
+            out[r, i] = x[r, i] * inv * weight[i]
+
+
+@fast_kernel
+def rope_inv_freqs(n_rot, base, freq_scale, freq_factors, out):
+    """out float32[n_rot/2] = freq_scale * base^(-2i/n_rot) / freq_factors[i] (freq_factors may be empty)."""
+    for i in range(n_rot // 2):
+        value = freq_scale * base ** (-2.0 * i / n_rot)
+        if freq_factors.shape[0] > 0:
+            value /= freq_factors[i]
+        out[i] = value
+
+
+@fast_kernel(parallel=True)
+def rope(x, positions, inv_freq, neox):
+    """Rotate x float32[T, H, D] in place; positions int32/int64[T]; inv_freq float32[n_rot/2]."""
+    half = inv_freq.shape[0]
+    for t in prange(x.shape[0]):
+        pos = np.float64(positions[t])
+        for i in range(half):
+            angle = pos * np.float64(inv_freq[i])
+            c = np.float32(math.cos(angle))
+            s = np.float32(math.sin(angle))
+            for h in range(x.shape[1]):
+                if neox:
+                    a = x[t, h, i]
+                    b = x[t, h, i + half]
+                    x[t, h, i] = a * c - b * s
+                    x[t, h, i + half] = a * s + b * c
+                else:
+                    a = x[t, h, 2 * i]
+                    b = x[t, h, 2 * i + 1]
+                    x[t, h, 2 * i] = a * c - b * s
+                    x[t, h, 2 * i + 1] = a * s + b * c
+
+
+@fast_kernel
+def _dot(a, b):
+    total = np.float32(0.0)
+    for i in range(a.shape[0]):
+        total += a[i] * b[i]
+    return total
+
+
+@fast_kernel
+def _axpy(alpha, x, y):
+    """y += alpha * x."""
+    for i in range(x.shape[0]):
+        y[i] += alpha * x[i]
+
+
+@fast_kernel(parallel=True)
+def attention(q, cache_k, cache_v, start, scale, window, out, scores):
+    """q float32[T, Hq, D]; cache float32[n_ctx, Hkv, D]; out float32[T, Hq, D];
+    scores float32[T*Hq, n_keys] scratch with n_keys >= start+T."""
+    n_tokens, n_head, head_dim = q.shape
+    group = n_head // cache_k.shape[1]
+    for job in prange(n_tokens * n_head):
+        t = job // n_head
+        h = job % n_head
+        kvh = h // group
+        pos = start + t
+        first = 0
+        if window > 0 and pos - window + 1 > 0:
+            first = pos - window + 1
+        row = scores[job]
+        best = -np.inf
+        for j in range(first, pos + 1):
+            s = _dot(q[t, h], cache_k[j, kvh]) * scale
+            row[j] = s
+            if s > best:
+                best = s
+        total = np.float32(0.0)
+        for j in range(first, pos + 1):
+            e = np.float32(math.exp(row[j] - best))
+            row[j] = e
+            total += e
+        dst = out[t, h]
+        dst[:] = 0.0
+        inv = np.float32(1.0) / total
+        for j in range(first, pos + 1):
+            _axpy(row[j] * inv, cache_v[j, kvh], dst)
+
+
+@fast_kernel(parallel=True)
+def gated_act(gate, up, out, gelu):
+    """out[T, F] = act(gate) * up; gelu: GELU with tanh approximation, else SiLU."""
+    for t in prange(gate.shape[0]):
+        for i in range(gate.shape[1]):
+            g = gate[t, i]
+            if gelu:
+                a = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(np.float32(SQRT_2_OVER_PI) * g * (np.float32(1.0) + np.float32(0.044715) * g * g)))
+            else:
+                a = g / (np.float32(1.0) + np.exp(-g))
+            out[t, i] = a * up[t, i]

@@ -1,0 +1,186 @@
+"""The decoder-only transformer that the architecture modules specialise.
+
+`Decoder` holds what every architecture shares: the embedding lookup, a stack of pre-norm blocks
+(attention + gated feed-forward), the final norm and the output projection, all written against the
+backend ops. An architecture module subclasses it, sets its class-level conventions and overrides
+`tensor_specs`, `layer_window`, `layer_rope` or `block` where it differs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..backends.base import Backend
+from .hparams import HParams
+from .weights import BoundWeights, TensorSpec, bind_weights
+
+
+class Buffers:
+    """Activation buffers for a batch of T tokens, allocated once per T and reused."""
+
+    def __init__(self, ops: Backend, hp: HParams, n_tokens: int):
+        t, e, f, d = n_tokens, hp.n_embd, hp.n_ff, hp.head_dim
+        self.n_tokens = t
+        self.x = ops.alloc((t, e))  # residual stream
+        self.h = ops.alloc((t, e))  # normed input of a sub-block
+        self.q = ops.alloc((t, hp.n_head, d))
+        self.k = ops.alloc((t, hp.n_head_kv, d))
+        self.v = ops.alloc((t, hp.n_head_kv, d))
+        self.attn = ops.alloc((t, hp.n_head, d))
+        self.o = ops.alloc((t, e))  # output of a sub-block
+        self.gate = ops.alloc((t, f))
+        self.up = ops.alloc((t, f))
+        self.positions = np.zeros(t, dtype=np.int32)
+
+
+class KVCache:
+    """Per-layer K and V, float32 [n_ctx, n_head_kv, head_dim], indexed by absolute position."""
+
+    def __init__(self, ops: Backend, hp: HParams, n_ctx: int):
+        self.n_ctx = n_ctx
+        shape = (n_ctx, hp.n_head_kv, hp.head_dim)
+        self.k = [ops.alloc(shape) for _ in range(hp.n_layer)]
+        self.v = [ops.alloc(shape) for _ in range(hp.n_layer)]
+
+    @staticmethod
+    def bytes_needed(hp: HParams, n_ctx: int) -> int:
+        return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * 4
+
+
+class Decoder:
+    # Conventions an architecture sets (see each module's docstring):
+    ROPE_NEOX = False  # NeoX pairing (x[i], x[i+n_rot/2]) instead of adjacent pairs
+    ACTIVATION = "silu"  # gated feed-forward activation
+    QKV_BIAS = False  # attn_q/k/v carry biases
+    QK_NORM = False  # per-head RMS norm of Q and K before RoPE
+
+    def __init__(self, reader, backend: Backend, n_vocab: int):
+        self.ops = backend
+        self.hp = HParams.from_reader(reader, n_vocab)
+        self.read_extra(reader)
+        self.w: BoundWeights = bind_weights(reader, self.tensor_specs(), backend)
+        self._buffers: dict[int, Buffers] = {}
+        self._logits: dict[int, np.ndarray] = {}
+
+    # -- what an architecture may override ----------------------------------------------------------
+    def read_extra(self, reader) -> None:
+        """Read architecture-specific metadata."""
+
+    def layer_window(self, il: int) -> int:
+        """Attention window of layer il (0: the whole context)."""
+        return 0
+
+    def layer_rope(self, il: int) -> tuple[float, float]:
+        """(RoPE base, frequency scale) of layer il."""
+        return self.hp.rope_base, self.hp.rope_freq_scale
+
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.hp.head_dim)
+
+    def block_specs(self, il: int) -> list[TensorSpec]:
+        hp, p = self.hp, f"blk.{il}."
+        q_out, kv_out = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
+        specs = [
+            TensorSpec(p + "attn_norm.weight", (hp.n_embd,), vector=True),
+            TensorSpec(p + "attn_q.weight", (hp.n_embd, q_out)),
+            TensorSpec(p + "attn_k.weight", (hp.n_embd, kv_out)),
+            TensorSpec(p + "attn_v.weight", (hp.n_embd, kv_out)),
+            TensorSpec(p + "attn_output.weight", (q_out, hp.n_embd)),
+            TensorSpec(p + "ffn_norm.weight", (hp.n_embd,), vector=True),
+            TensorSpec(p + "ffn_gate.weight", (hp.n_embd, hp.n_ff)),
+            TensorSpec(p + "ffn_up.weight", (hp.n_embd, hp.n_ff)),
+            TensorSpec(p + "ffn_down.weight", (hp.n_ff, hp.n_embd)),
+        ]
+        if self.QKV_BIAS:
+            specs += [
+                TensorSpec(p + "attn_q.bias", (q_out,), vector=True),
+                TensorSpec(p + "attn_k.bias", (kv_out,), vector=True),
+                TensorSpec(p + "attn_v.bias", (kv_out,), vector=True),
+            ]
+        if self.QK_NORM:
+            specs += [
+                TensorSpec(p + "attn_q_norm.weight", (hp.head_dim,), vector=True),
+                TensorSpec(p + "attn_k_norm.weight", (hp.head_dim,), vector=True),
+            ]
+        return specs
+
+    def tensor_specs(self) -> list[TensorSpec]:
+        hp = self.hp
+        specs = [
+            TensorSpec("token_embd.weight", (hp.n_embd, hp.n_vocab)),
+            TensorSpec("output_norm.weight", (hp.n_embd,), vector=True),
+            TensorSpec("output.weight", (hp.n_embd, hp.n_vocab), optional=True),  # absent: tied to token_embd
+        ]
+        for il in range(hp.n_layer):
+            specs += self.block_specs(il)
+        return specs
+
+    def embed(self, tokens: np.ndarray, b: Buffers) -> None:
+        self.ops.embed(self.w["token_embd.weight"], tokens, b.x)
+
+    def block(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
+        """Pre-norm block: x += attn(norm(x)); x += ffn(norm(x))."""
+        ops, w, p = self.ops, self.w, f"blk.{il}."
+        ops.rms_norm(b.x, w[p + "attn_norm.weight"], self.hp.eps, b.h)
+        self.attention(il, b, start, cache)
+        ops.add(b.x, b.o, b.x)
+        ops.rms_norm(b.x, w[p + "ffn_norm.weight"], self.hp.eps, b.h)
+        self.feed_forward(il, b)
+        ops.add(b.x, b.o, b.x)
+
+    # -- shared sub-blocks ----------------------------------------------------------------------------
+    def attention(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
+        """b.o <- attention(b.h) for layer il; stores this batch's K/V in the cache."""
+        ops, w, hp, p = self.ops, self.w, self.hp, f"blk.{il}."
+        t = b.n_tokens
+        ops.matmul(w[p + "attn_q.weight"], b.h, b.q.reshape(t, -1), w.get(p + "attn_q.bias"))
+        ops.matmul(w[p + "attn_k.weight"], b.h, b.k.reshape(t, -1), w.get(p + "attn_k.bias"))
+        ops.matmul(w[p + "attn_v.weight"], b.h, b.v.reshape(t, -1), w.get(p + "attn_v.bias"))
+        if self.QK_NORM:
+            ops.rms_norm(b.q, w[p + "attn_q_norm.weight"], hp.eps, b.q)
+            ops.rms_norm(b.k, w[p + "attn_k_norm.weight"], hp.eps, b.k)
+        base, freq_scale = self.layer_rope(il)
+        factors = w.get("rope_freqs.weight")
+        ops.rope(b.q, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
+        ops.rope(b.k, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
+        ops.kv_store(cache.k[il], cache.v[il], b.k, b.v, start)
+        ops.attention(b.q, cache.k[il], cache.v[il], start, self.attention_scale(), self.layer_window(il), b.attn)
+        ops.matmul(w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
+
+    def feed_forward(self, il: int, b: Buffers) -> None:
+        """b.o <- down(act(gate(b.h)) * up(b.h))."""
+        ops, w, p = self.ops, self.w, f"blk.{il}."
+        ops.matmul(w[p + "ffn_gate.weight"], b.h, b.gate)
+        ops.matmul(w[p + "ffn_up.weight"], b.h, b.up)
+        ops.gated_act(b.gate, b.up, b.gate, self.ACTIVATION)
+        ops.matmul(w[p + "ffn_down.weight"], b.gate, b.o)
+
+    # -- the forward pass -----------------------------------------------------------------------------
+    def buffers(self, n_tokens: int) -> Buffers:
+        buf = self._buffers.get(n_tokens)
+        if buf is None:
+            if len(self._buffers) > 4:  # keep the decode buffers and a few prefill sizes
+                for key in [k for k in self._buffers if k != 1][:2]:
+                    del self._buffers[key]
+            buf = self._buffers[n_tokens] = Buffers(self.ops, self.hp, n_tokens)
+        return buf
+
+    def forward(self, tokens: np.ndarray, start: int, cache: KVCache, all_logits: bool = False) -> np.ndarray:
+        """Run tokens[T] at positions start..start+T-1; returns logits [T, vocab] or [1, vocab] (last)."""
+        n = len(tokens)
+        b = self.buffers(n)
+        b.positions[:] = np.arange(start, start + n, dtype=np.int32)
+        self.embed(np.asarray(tokens, dtype=np.int32), b)
+        for il in range(self.hp.n_layer):
+            self.block(il, b, start, cache)
+        rows = b.x if all_logits else b.x[n - 1 :]
+        normed = b.h[: rows.shape[0]]
+        self.ops.rms_norm(rows, self.w["output_norm.weight"], self.hp.eps, normed)
+        logits = self._logits.get(rows.shape[0])
+        if logits is None:
+            logits = self._logits[rows.shape[0]] = self.ops.alloc((rows.shape[0], self.hp.n_vocab))
+        output = self.w.get("output.weight") or self.w["token_embd.weight"]
+        self.ops.matmul(output, normed, logits)
+        return self.ops.to_host(logits)

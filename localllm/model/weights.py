@@ -1,0 +1,75 @@
+"""Binding a model's tensors: every one checked for presence, shape and type before any kernel runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backends.base import Backend, Weight
+from ..errors import TensorError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor an architecture needs: name, ggml shape (ne0 first), whether it may be absent,
+    and whether it is a small float vector used directly by the host (norm weights, biases)."""
+
+    name: str
+    shape: tuple[int, ...]
+    optional: bool = False
+    vector: bool = False
+
+
+class BoundWeights:
+    """name -> Weight (matrices, on the backend) or float32 ndarray (vectors). Absent optionals are None."""
+
+    def __init__(self, entries: dict):
+        self._entries = entries
+
+    def __getitem__(self, name: str):
+        return self._entries[name]
+
+    def get(self, name: str):
+        return self._entries.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return self._entries.get(name) is not None
+
+    def __len__(self) -> int:
+        return sum(1 for v in self._entries.values() if v is not None)
+
+
+def bind_weights(reader, specs: list[TensorSpec], backend: Backend) -> BoundWeights:
+    """Validate every spec against the file, then upload; raises TensorError naming the tensor."""
+    entries: dict = {}
+    for spec in specs:
+        info = reader.tensors.get(spec.name)
+        if info is None:
+            if spec.optional:
+                entries[spec.name] = None
+                continue
+            raise TensorError(f"{reader.path}: tensor '{spec.name}' is missing (the architecture needs it)")
+        if tuple(info.shape) != tuple(spec.shape):
+            raise TensorError(
+                f"{reader.path}: tensor '{spec.name}' has shape {list(info.shape)}, expected {list(spec.shape)}"
+            )
+        qtype = info.ggml_type.name
+        if spec.vector:
+            if qtype not in ("F32", "F16", "BF16"):
+                raise TensorError(f"{reader.path}: tensor '{spec.name}' is {qtype}; a float type is expected")
+            entries[spec.name] = _vector(reader, spec.name, qtype)
+            continue
+        if not backend.supports(qtype):
+            raise TensorError(
+                f"{reader.path}: tensor '{spec.name}' has type {qtype}, which the {backend.name} backend does not support"
+            )
+        entries[spec.name] = backend.upload(Weight(spec.name, qtype, tuple(info.shape), reader.tensor_bytes(spec.name)))
+    return BoundWeights(entries)
+
+
+def _vector(reader, name: str, qtype: str) -> np.ndarray:
+    data = reader.tensor_array(name)
+    if qtype == "BF16":
+        return (data.astype(np.uint32) << 16).view(np.float32).reshape(-1)
+    return np.ascontiguousarray(data, dtype=np.float32).reshape(-1)

@@ -1,0 +1,128 @@
+"""A plain NumPy float64 forward pass for each architecture: the oracle for our engine.
+
+Written from the architectures' definitions, independently of localllm/model: weights are dequantized with
+the NumPy reference dequantizers (themselves checked bit for bit against llama.cpp's gguf package), and
+every step is the textbook formula in float64. Slow and simple on purpose.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from localllm import quant
+
+
+def load_weights(reader) -> dict[str, np.ndarray]:
+    """Every tensor dequantized to float64, NumPy order (ggml shape reversed)."""
+    out = {}
+    for name, info in reader.tensors.items():
+        raw = reader.tensor_bytes(name)
+        flat = quant.get(info.ggml_type.name).dequantize(np.ascontiguousarray(raw).reshape(-1))
+        out[name] = flat.astype(np.float64).reshape(tuple(reversed(info.shape)))
+    return out
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def rope(x, positions, n_rot, base, neox, freq_scale=1.0, factors=None):
+    """x [T, H, D] float64; rotates the first n_rot dims of each head."""
+    x = x.copy()
+    half = n_rot // 2
+    inv = freq_scale * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+    if factors is not None:
+        inv = inv / factors
+    ang = positions[:, None].astype(np.float64) * inv[None, :]  # [T, half]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    if neox:
+        a, b = x[..., :half].copy(), x[..., half:n_rot].copy()
+        x[..., :half], x[..., half:n_rot] = a * cos - b * sin, a * sin + b * cos
+    else:
+        a, b = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+        x[..., 0:n_rot:2], x[..., 1:n_rot:2] = a * cos - b * sin, a * sin + b * cos
+    return x
+
+
+def attend(q, k, v, scale, window):
+    """q [T, Hq, D], k/v [T, Hkv, D]; causal, optional window; GQA by repeating kv heads."""
+    t, hq, _ = q.shape
+    group = hq // k.shape[1]
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    scores = np.einsum("thd,shd->hts", q, k) * scale
+    pos = np.arange(t)
+    allowed = pos[None, :] <= pos[:, None]
+    if window:
+        allowed &= (pos[:, None] - pos[None, :]) < window
+    scores = np.where(allowed[None], scores, -np.inf)
+    scores -= scores.max(-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(-1, keepdims=True)
+    return np.einsum("hts,shd->thd", p, v)
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def forward(reader, tokens, neox_override=None) -> np.ndarray:
+    """Logits [T, vocab] (float64) for `tokens` from position 0."""
+    arch = reader.architecture
+    md = lambda key, default=None: reader.metadata.get(f"{arch}.{key}", default)  # noqa: E731
+    w = load_weights(reader)
+    n_layer, n_embd = md("block_count"), md("embedding_length")
+    n_head = md("attention.head_count")
+    n_kv = md("attention.head_count_kv", n_head)
+    head_dim = md("attention.key_length", n_embd // n_head)
+    n_rot = md("rope.dimension_count", head_dim)
+    eps = md("attention.layer_norm_rms_epsilon")
+    base = md("rope.freq_base", 10000.0)
+    gemma = arch == "gemma3"
+    neox = arch in ("qwen2", "qwen3", "gemma3") if neox_override is None else neox_override
+    tokens = np.asarray(tokens)
+    t = len(tokens)
+    positions = np.arange(t)
+    x = w["token_embd.weight"][tokens]
+    if gemma:
+        x = x * math.sqrt(n_embd)
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        h = rms_norm(x, w[p + "attn_norm.weight"], eps)
+        q = h @ w[p + "attn_q.weight"].T
+        k = h @ w[p + "attn_k.weight"].T
+        v = h @ w[p + "attn_v.weight"].T
+        if p + "attn_q.bias" in w:
+            q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+        q = q.reshape(t, n_head, head_dim)
+        k = k.reshape(t, n_kv, head_dim)
+        v = v.reshape(t, n_kv, head_dim)
+        if p + "attn_q_norm.weight" in w:
+            q = rms_norm(q, w[p + "attn_q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "attn_k_norm.weight"], eps)
+        window, layer_base = 0, base
+        if gemma and (il + 1) % 6 != 0:  # Gemma 3: five sliding-window layers, then one global
+            window, layer_base = md("attention.sliding_window"), 10000.0
+        factors = w.get("rope_freqs.weight")
+        q = rope(q, positions, n_rot, layer_base, neox, factors=factors)
+        k = rope(k, positions, n_rot, layer_base, neox, factors=factors)
+        attn = attend(q, k, v, 1.0 / math.sqrt(head_dim), window).reshape(t, n_head * head_dim)
+        o = attn @ w[p + "attn_output.weight"].T
+        if gemma:
+            o = rms_norm(o, w[p + "post_attention_norm.weight"], eps)
+        x = x + o
+        h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
+        act = gelu_tanh if gemma else silu
+        f = (act(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        if gemma:
+            f = rms_norm(f, w[p + "post_ffw_norm.weight"], eps)
+        x = x + f
+    x = rms_norm(x, w["output_norm.weight"], eps)
+    out = w.get("output.weight", w["token_embd.weight"])
+    return x @ out.T
