@@ -7,7 +7,9 @@ import sys
 
 import typer
 
+from . import run as run_cmd
 from . import show as show_cmd
+from . import tokenize as tokenize_cmd
 from .errors import report
 
 app = typer.Typer(
@@ -18,6 +20,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("show")(show_cmd.show)
+app.command("run")(run_cmd.run)
+app.command("tokenize")(tokenize_cmd.tokenize)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,31 @@
+"""Option types shared by several commands."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+Model = typer.Argument(None, help="Model path or name (default: the built-in Gemma 3 270M).")
+Threads = typer.Option(None, "--threads", "-t", help="CPU threads (default: physical cores).")
+Ctx = typer.Option(None, "--ctx", "-c", help="Context size in tokens (default: trained context, capped by memory).")
+MaxTokens = typer.Option(256, "--max-tokens", "-n", help="Stop after this many generated tokens.")
+Temperature = typer.Option(0.8, "--temperature", help="0 = greedy.")
+TopK = typer.Option(40, "--top-k")
+TopP = typer.Option(0.95, "--top-p")
+MinP = typer.Option(0.05, "--min-p")
+RepeatPenalty = typer.Option(1.0, "--repeat-penalty")
+Seed = typer.Option(None, "--seed", help="Same seed, same tokens.")
+Stop = typer.Option(None, "--stop", help="Stop string (repeatable).")
+
+
+def sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop: Optional[List[str]]):
+    from ..sampling import SamplingConfig
+
+    try:
+        return SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            repeat_penalty=repeat_penalty, seed=seed, stop=list(stop or []),
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None

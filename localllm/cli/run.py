@@ -1,0 +1,62 @@
+"""`localllm run MODEL PROMPT`: one completion, streamed to stdout (or one JSON object)."""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from . import options as opt
+from . import ui
+
+
+def run(
+    model: Optional[str] = typer.Argument(..., help="Model path or name ('gemma-3-270m' is built in)."),
+    prompt: str = typer.Argument(..., help="The prompt; '-' reads it from stdin."),
+    max_tokens: int = opt.MaxTokens,
+    temperature: float = opt.Temperature,
+    top_k: int = opt.TopK,
+    top_p: float = opt.TopP,
+    min_p: float = opt.MinP,
+    repeat_penalty: float = opt.RepeatPenalty,
+    seed: Optional[int] = opt.Seed,
+    stop: Optional[List[str]] = opt.Stop,
+    chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template to the prompt."),
+    json_out: bool = typer.Option(False, "--json", help="Print {prompt_tokens, tokens, text, timings}."),
+    ctx: Optional[int] = opt.Ctx,
+    threads: Optional[int] = opt.Threads,
+) -> None:
+    """Generate a completion for PROMPT."""
+    import localllm
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if max_tokens < 0:
+        raise typer.BadParameter("--max-tokens must be >= 0")
+    config = opt.sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
+    llm = localllm.load(model, n_ctx=ctx, threads=threads)
+    source = [{"role": "user", "content": prompt}] if chat else prompt
+    prompt_ids = llm.render_chat(source) if chat else llm.tokenize(prompt)
+    tokens, pieces, timings = [], [], None
+    for event in llm.generate(prompt_ids, max_tokens=max_tokens, sampling=config):
+        if event.kind == "token":
+            if event.token is not None:
+                tokens.append(event.token)
+            pieces.append(event.text)
+            if not json_out:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        else:
+            timings = event.timings
+            finish = event.finish_reason
+    if json_out:
+        ui.print_json({
+            "prompt_tokens": prompt_ids,
+            "tokens": tokens,
+            "text": "".join(pieces),
+            "finish_reason": finish,
+            "timings": timings.as_dict() if timings else None,
+        })
+    else:
+        sys.stdout.write("\n")
