@@ -18,7 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gemma-3-270m"
+from conftest import REFERENCE_DIR
+
+REFERENCE = REFERENCE_DIR / "gemma-3-270m"
 
 
 def _reference():

@@ -1,0 +1,215 @@
+"""GGUF writer (version 3): metadata and tensors of any supported type, written atomically.
+
+The file is written under a temporary name in the target directory and renamed over the final name
+only once it is complete and flushed, so an interrupted write never leaves a truncated model behind.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ..errors import LocalLLMError
+from .constants import DEFAULT_ALIGNMENT, GGML_TYPES, GGML_TYPES_BY_NAME, GGUF_MAGIC, MAX_DIMS, SCALAR_DTYPES, WRITE_VERSION, ValueType
+
+# numpy dtype -> the ggml type a plain array is stored as.
+_DTYPE_TO_GGML = {
+    np.dtype(np.float32): "F32",
+    np.dtype(np.float16): "F16",
+    np.dtype(np.float64): "F64",
+    np.dtype(np.int8): "I8",
+    np.dtype(np.int16): "I16",
+    np.dtype(np.int32): "I32",
+    np.dtype(np.int64): "I64",
+}
+# numpy dtype kind/size -> metadata value type.
+_DTYPE_TO_VALUE = {np.dtype(code): vt for vt, code in SCALAR_DTYPES.items() if vt != ValueType.BOOL}
+_DTYPE_TO_VALUE[np.dtype(bool)] = ValueType.BOOL
+
+
+class GGUFWriteError(LocalLLMError):
+    """Metadata or a tensor that cannot be written as given."""
+
+
+def _infer_scalar_type(value) -> ValueType:
+    if isinstance(value, (bool, np.bool_)):
+        return ValueType.BOOL
+    if isinstance(value, np.generic):
+        return _DTYPE_TO_VALUE[value.dtype]
+    if isinstance(value, int):
+        return ValueType.INT32 if -(2**31) <= value < 2**31 else ValueType.INT64
+    if isinstance(value, float):
+        return ValueType.FLOAT32
+    if isinstance(value, str):
+        return ValueType.STRING
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return ValueType.ARRAY
+    raise GGUFWriteError(f"cannot store a {type(value).__name__} as GGUF metadata")
+
+
+def _infer_element_type(values) -> ValueType:
+    if isinstance(values, np.ndarray):
+        if values.dtype not in _DTYPE_TO_VALUE:
+            raise GGUFWriteError(f"cannot store a {values.dtype} array as GGUF metadata")
+        return _DTYPE_TO_VALUE[values.dtype]
+    if len(values) == 0:
+        return ValueType.INT32
+    kinds = {_infer_scalar_type(v) for v in values}
+    if kinds <= {ValueType.INT32, ValueType.INT64}:
+        return max(kinds)
+    if len(kinds) != 1:
+        raise GGUFWriteError(f"a metadata array mixes types {sorted(k.name for k in kinds)}")
+    return kinds.pop()
+
+
+class GGUFWriter:
+    """Collect metadata (`add`) and tensors (`add_tensor`), then `write()` once."""
+
+    def __init__(self, path: str | os.PathLike, alignment: Optional[int] = None):
+        self.path = Path(path)
+        self._kv: dict[str, tuple[ValueType, Optional[ValueType], Any]] = {}
+        self._tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+        if alignment is not None:
+            self.add("general.alignment", alignment, ValueType.UINT32)
+
+    @property
+    def alignment(self) -> int:
+        entry = self._kv.get("general.alignment")
+        return int(entry[2]) if entry else DEFAULT_ALIGNMENT
+
+    # -- metadata ---------------------------------------------------------------------------------------
+    def add(self, key: str, value, value_type: Optional[ValueType] = None, element_type: Optional[ValueType] = None) -> None:
+        """Set a metadata key. Types are inferred when not given: bool, int (INT32, or INT64 when it does
+        not fit), float (FLOAT32), str, list/tuple/ndarray (ARRAY of the elements' type)."""
+        if not isinstance(key, str) or not key:
+            raise GGUFWriteError("metadata keys must be non-empty strings")
+        vtype = ValueType(value_type) if value_type is not None else _infer_scalar_type(value)
+        elem = None
+        if vtype == ValueType.ARRAY:
+            elem = ValueType(element_type) if element_type is not None else _infer_element_type(value)
+        if key == "general.alignment":
+            if vtype != ValueType.UINT32 or int(value) <= 0 or int(value) & (int(value) - 1):
+                raise GGUFWriteError("general.alignment must be a power of two stored as UINT32")
+        self._kv[key] = (vtype, elem, value)
+
+    def copy_metadata(self, reader, skip: Sequence[str] = ()) -> None:
+        """Copy every metadata key of a GGUFReader, with its stored types (keys in `skip` left out)."""
+        for key, value in reader.metadata.items():
+            if key in skip:
+                continue
+            vtype, elem = reader.value_types[key]
+            self.add(key, value, vtype, elem)
+
+    # -- tensors ------------------------------------------------------------------------------------------
+    def add_tensor(self, name: str, data: np.ndarray, ggml_type: Optional[str] = None, shape: Optional[Sequence[int]] = None) -> None:
+        """Add a tensor. Plain float/int arrays: the type and (ggml-order) shape follow from the array.
+        Quantized data (and BF16 bits): `data` holds the raw bytes, `ggml_type` names the type and `shape`
+        gives the ggml-order shape (shape[0] = elements per row)."""
+        if name in self._tensors:
+            raise GGUFWriteError(f"tensor '{name}' added twice")
+        if not name or len(name.encode()) > 63:
+            raise GGUFWriteError(f"tensor name '{name}' must be 1 to 63 bytes")
+        data = np.ascontiguousarray(data)
+        if ggml_type is None:
+            ggml_type = _DTYPE_TO_GGML.get(data.dtype)
+            if ggml_type is None:
+                raise GGUFWriteError(f"tensor '{name}': no ggml type for dtype {data.dtype}; pass ggml_type")
+        ggml_type = ggml_type.upper() if isinstance(ggml_type, str) else GGML_TYPES[int(ggml_type)].name
+        info = GGML_TYPES_BY_NAME.get(ggml_type)
+        if info is None:
+            raise GGUFWriteError(f"tensor '{name}': unknown ggml type {ggml_type}")
+        if shape is None:
+            if data.dtype == np.uint8 and info.block_size > 1:
+                raise GGUFWriteError(f"tensor '{name}': quantized data needs its shape")
+            shape = tuple(reversed(data.shape)) or (1,)
+        shape = tuple(int(d) for d in shape)
+        if not 1 <= len(shape) <= MAX_DIMS or min(shape) < 1:
+            raise GGUFWriteError(f"tensor '{name}': shape {list(shape)} must have 1 to {MAX_DIMS} positive dimensions")
+        if shape[0] % info.block_size:
+            raise GGUFWriteError(f"tensor '{name}': row length {shape[0]} is not a multiple of the {ggml_type} block size {info.block_size}")
+        nbytes = int(np.prod(shape, dtype=object)) // info.block_size * info.type_size
+        if data.nbytes != nbytes:
+            raise GGUFWriteError(f"tensor '{name}': {data.nbytes} bytes given, {ggml_type} {list(shape)} needs {nbytes}")
+        self._tensors[name] = (ggml_type, shape, data)
+
+    # -- output -----------------------------------------------------------------------------------------
+    def write(self) -> Path:
+        """Write the file: temporary name in the same directory, fsync, then rename."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                self._write_to(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        return self.path
+
+    def _write_to(self, fh) -> None:
+        align = self.alignment
+        header = bytearray()
+        header += GGUF_MAGIC + struct.pack("<IQQ", WRITE_VERSION, len(self._tensors), len(self._kv))
+        for key, (vtype, elem, value) in self._kv.items():
+            header += _string(key) + struct.pack("<I", vtype)
+            header += _value(vtype, elem, value)
+        offset = 0
+        placed = []
+        for name, (ggml_type, shape, data) in self._tensors.items():
+            header += _string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
+            header += struct.pack("<IQ", GGML_TYPES_BY_NAME[ggml_type].type_id, offset)
+            placed.append((offset, data))
+            offset = _align(offset + data.nbytes, align)
+        header += bytes(_align(len(header), align) - len(header))
+        fh.write(header)
+        written = 0
+        for tensor_offset, data in placed:
+            fh.write(bytes(tensor_offset - written))
+            fh.write(memoryview(data.reshape(-1).view(np.uint8)))
+            written = tensor_offset + data.nbytes
+        # Pad the file to the alignment, as gguf-py does, so the last tensor ends on a boundary too.
+        fh.write(bytes(_align(written, align) - written))
+
+
+def _align(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+def _string(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return struct.pack("<Q", len(data)) + data
+
+
+def _value(vtype: ValueType, elem: Optional[ValueType], value) -> bytes:
+    if vtype == ValueType.STRING:
+        return _string(str(value))
+    if vtype == ValueType.ARRAY:
+        return _array(elem, value)
+    if vtype == ValueType.BOOL:
+        return struct.pack("<?", bool(value))
+    return np.array(value, dtype=SCALAR_DTYPES[vtype]).tobytes()
+
+
+def _array(elem: ValueType, values) -> bytes:
+    out = bytearray(struct.pack("<IQ", elem, len(values)))
+    if elem == ValueType.STRING:
+        for v in values:
+            out += _string(v)
+    elif elem == ValueType.ARRAY:
+        for v in values:
+            out += _array(_infer_element_type(v), v)
+    elif elem == ValueType.BOOL:
+        out += np.asarray(values, dtype=bool).astype(np.uint8).tobytes()
+    else:
+        out += np.asarray(values, dtype=SCALAR_DTYPES[elem]).tobytes()
+    return bytes(out)
