@@ -114,6 +114,22 @@ class Model:
             ids = ids[1:]
         return ids
 
+    def fit_conversation(self, messages: list[dict], reserve: int = 0, shift: bool = False) -> list[int]:
+        """Render `messages` to prompt ids that leave `reserve` tokens of room in the context.
+
+        Without `shift` an oversized conversation raises ContextOverflow (never silent truncation). With it,
+        the oldest turns after the system prompt are dropped, whole messages at a time, keeping the first
+        tokens (system prompt) and the newest user message."""
+        messages = list(messages)
+        while True:
+            ids = self.render_chat(messages)
+            if len(ids) + reserve < self.n_ctx:
+                return ids
+            first = 1 if messages and messages[0].get("role") == "system" else 0
+            if not shift or len(messages) - first <= 1:
+                raise ContextOverflow(len(ids) + reserve, self.n_ctx, "conversation (with room for the reply)")
+            del messages[first]
+
     def logits(self, tokens, session: Optional[Session] = None) -> np.ndarray:
         """Logits at every position of `tokens`, evaluated from position 0 in one batched pass."""
         session = session or self.new_session()
@@ -135,13 +151,16 @@ class Model:
         stop: Optional[list[str]] = None,
         top_logprobs: int = 0,
         add_bos: Optional[bool] = None,
+        context_shift: bool = False,
         **sampling_options,
     ) -> Iterator[Event]:
         """Yield events for a text prompt, a list of chat messages (template applied), or token ids.
 
         `sampling` is a SamplingConfig; keyword options (temperature=…, seed=…) build one instead.
         The default session keeps its KV cache across calls: a prompt that extends the previous one
-        (a chat's next turn) prefills only the new tokens.
+        (a chat's next turn) prefills only the new tokens. A prompt that does not fit raises
+        ContextOverflow; with `context_shift=True` a conversation instead drops its oldest turns (the
+        system prompt and the last user turn are kept) until it fits.
         """
         from .sampling import Sampler, SamplingConfig
 
@@ -152,7 +171,7 @@ class Model:
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_bos=add_bos)
         elif prompt and isinstance(prompt[0], dict):
-            ids = self.render_chat(prompt)
+            ids = self.fit_conversation(prompt, reserve=min(max_tokens, self.n_ctx // 4), shift=context_shift)
         else:
             ids = [int(t) for t in prompt]
         sampler = Sampler(sampling, self.decoder.hp.n_vocab)

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""This machine's sustainable memory read bandwidth, and the decode speed bound it sets for a model.
+
+Decode reads every weight once per token (the embedding table only one row, unless it doubles as the
+output matrix), so bytes-per-token / bandwidth is a floor on the time per token: no engine decodes faster.
+
+    python scripts/membw.py                      # bandwidth at 1 thread and at every core count
+    python scripts/membw.py MODEL.gguf [...]     # plus each model's bytes per token and tok/s bound
+    python scripts/membw.py --json
+
+Bandwidth is measured with a Numba reduction (int64 sum of a uint64 array: one load per 8 bytes, so the
+loop is load-bound, not add-bound) over a buffer far larger than the caches, `--repeat` times, median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numba
+import numpy as np
+from numba import prange
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+
+@numba.njit(parallel=True, cache=True, nogil=True)
+def _parallel_sum(words, n_chunks):
+    """words uint64[N] split into n_chunks contiguous ranges, one per thread; returns the wrapped sum."""
+    partial = np.zeros(n_chunks, dtype=np.uint64)
+    step = (words.shape[0] + n_chunks - 1) // n_chunks
+    for c in prange(n_chunks):
+        acc = np.uint64(0)
+        for i in range(c * step, min((c + 1) * step, words.shape[0])):
+            acc += words[i]
+        partial[c] = acc
+    return partial.sum()
+
+
+def read_bandwidth(threads: int, size_bytes: int, repeat: int) -> list[float]:
+    """GB/s (1e9 bytes/s) reading `size_bytes` with `threads` threads, one figure per repetition."""
+    numba.set_num_threads(threads)
+    words = np.ones(size_bytes // 8, dtype=np.uint64)
+    _parallel_sum(words[:1024], threads)  # compile outside the timing
+    figures = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        _parallel_sum(words, threads)
+        figures.append(size_bytes / (time.perf_counter() - t0) / 1e9)
+    return figures
+
+
+def bytes_per_token(path: str) -> dict:
+    """Weight bytes one decode step reads: every tensor, except that the embedding table contributes one
+    row unless it is also the (tied) output matrix."""
+    from localllm.gguf import GGUFReader
+
+    with GGUFReader(path) as r:
+        total = 0
+        for info in r.tensors.values():
+            if info.name == "token_embd.weight" and "output.weight" in r.tensors:
+                total += info.row_bytes
+            else:
+                total += info.nbytes
+        return {"model": os.path.basename(path), "bytes_per_token": total}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="*", help="GGUF files (use 'default' for the built-in Gemma 3 270M)")
+    parser.add_argument("--size-mb", type=int, default=1024)
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--threads", default=None, help="comma-separated thread counts (default: 1 and all cores)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    cores = numba.config.NUMBA_NUM_THREADS
+    counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, cores})
+    bandwidth = {}
+    for t in counts:
+        figures = read_bandwidth(t, args.size_mb * 2**20, args.repeat)
+        bandwidth[t] = {"median_gbs": statistics.median(figures), "max_gbs": max(figures)}
+
+    models = []
+    for m in args.models:
+        if m == "default":
+            from localllm.hub.default_model import default_model_path
+
+            m = str(default_model_path())
+        entry = bytes_per_token(m)
+        entry["bound_tok_s"] = {t: bw["median_gbs"] * 1e9 / entry["bytes_per_token"] for t, bw in bandwidth.items()}
+        models.append(entry)
+
+    if args.json:
+        print(json.dumps({"bandwidth": bandwidth, "models": models}, indent=2))
+        return
+    for t, bw in bandwidth.items():
+        print(f"read bandwidth, {t} thread(s): {bw['median_gbs']:.1f} GB/s median (max {bw['max_gbs']:.1f})")
+    for entry in models:
+        bounds = ", ".join(f"{t} thr {v:.0f} tok/s" for t, v in entry["bound_tok_s"].items())
+        print(f"{entry['model']}: {entry['bytes_per_token'] / 1e6:.1f} MB per token -> decode bound {bounds}")
+
+
+if __name__ == "__main__":
+    main()
