@@ -54,14 +54,20 @@ def dequantize_row(src, out):
 
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*34] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation."""
+    """w: uint8[nb*34] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
+
+    Why the casts: Numba widens int32 arithmetic to int64, which LLVM then vectorises as slow 64-bit
+    lanes. Products of int16 operands truncated back to int32 at every step let LLVM narrow the loop to
+    32-bit lanes and emit vpmaddwd (16-bit multiply, pairwise add): 1.4x the throughput, measured.
+    |w*a| <= 127*128 and a block sum <= 32*16256 fit easily.
+    """
     wq = w.view(np.int8)
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES + 2
         total = np.int32(0)
         for j in range(BLOCK):
-            total += np.int32(wq[base + j]) * np.int32(aqs[b * BLOCK + j])
+            total = np.int32(total + np.int32(np.int16(wq[base + j]) * np.int16(aqs[b * BLOCK + j])))
         acc += np.float32(total) * (read_f16(w, b * BLOCK_BYTES) * ad[b])
     return acc
 

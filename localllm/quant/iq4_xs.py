@@ -1,0 +1,128 @@
+"""IQ4_XS: 256 weights per 136-byte super-block, IQ4_NL's table with 6-bit scales per 32.
+
+Block layout (ggml `block_iq4_xs`), little-endian:
+  bytes  0..1     d           float16   super-block scale
+  bytes  2..3     scales_h    uint16    high 2 bits of the 8 sub-block scales: bits 2k..2k+1 for k
+  bytes  4..7     scales_l[4]           low 4 bits: sub-block k in the low (k even) / high (k odd)
+                                        nibble of scales_l[k // 2]
+  bytes  8..135   qs[128]               4-bit indices, 16 bytes per sub-block, as IQ4_NL's qs
+
+Sub-block k = 0..7 holds elements 32k..32k+31; its scale is the 6-bit value above minus 32. Element
+32k + l (l < 16) is KVALUES[low nibble of qs[16k + l]], 32k + 16 + l the high nibble.
+Weight = (d * scale_k) * KVALUES[index], the product d*scale rounded to float32 first.
+
+Pairs with q8_k activations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from . import QuantType
+from .iq4_nl import KVALUES, lookup_nibbles
+from .jit import exact_kernel, fast_kernel, read_f16
+from .q8_k import QK_K, VectorCode, as_blocks, f16_field
+
+BLOCK = QK_K
+BLOCK_BYTES = 136
+SUB = 32
+N_SUB = QK_K // SUB
+
+_D, _SCALES_H, _SCALES_L, _QS = 0, 2, 4, 8
+
+
+def unpack_scales(blocks: np.ndarray) -> np.ndarray:
+    """uint8[nb, 136] -> the signed sub-block scales int8[nb, 8]."""
+    low = blocks[:, _SCALES_L:_QS].reshape(-1, 4, 1) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2)
+    low = low.reshape(-1, N_SUB) & 15
+    high_bits = blocks[:, _SCALES_H:_SCALES_L].copy().view("<u2")  # [nb, 1]
+    high = (high_bits >> (2 * np.arange(N_SUB, dtype=np.uint16))).astype(np.uint8) & 3
+    return (low | (high << 4)).astype(np.int8) - np.int8(32)
+
+
+def dequantize(raw: np.ndarray) -> np.ndarray:
+    """uint8[..., nb*136] -> float32[..., nb*256]."""
+    blocks = as_blocks(raw, BLOCK_BYTES, "IQ4_XS")
+    step = f16_field(blocks, _D) * unpack_scales(blocks).astype(np.float32)  # [nb, 8]
+    values = lookup_nibbles(blocks[:, _QS:].reshape(-1, N_SUB, 16)).astype(np.float32)  # [nb, 8, 32]
+    return (step[:, :, None] * values).reshape(*np.shape(raw)[:-1], -1)
+
+
+@exact_kernel
+def sub_scale(w, base, k):
+    """Signed scale of sub-block k of the block at w[base:], as int32."""
+    low = (np.int32(w[base + _SCALES_L + k // 2]) >> (4 * (k % 2))) & 15
+    high_bits = np.int32(w[base + _SCALES_H]) | (np.int32(w[base + _SCALES_H + 1]) << 8)
+    high = (high_bits >> (2 * k)) & 3
+    return np.int32(low | (high << 4)) - 32
+
+
+@exact_kernel
+def dequantize_row(src, out):
+    """src: uint8[nb*136] -> out: float32[nb*256]."""
+    for b in range(out.shape[0] // BLOCK):
+        base = b * BLOCK_BYTES
+        d = read_f16(src, base + _D)
+        for k in range(N_SUB):
+            step = d * np.float32(sub_scale(src, base, k))
+            qbase = base + _QS + 16 * k
+            obase = b * BLOCK + SUB * k
+            for l in range(16):
+                q = src[qbase + l]
+                out[obase + l] = step * np.float32(KVALUES[q & 15])
+                out[obase + 16 + l] = step * np.float32(KVALUES[q >> 4])
+
+
+def emit_scales(v: VectorCode, w_type, w, base):
+    """The 8 signed sub-block scales of the block at w[base:] as <8 x i8>, unpacked in vector registers."""
+    low_bytes = v.load(w_type, w, v.offset(base, _SCALES_L), 4)
+    high_bytes = v.load(w_type, w, v.offset(base, _SCALES_H), 2)  # scales_h, little-endian
+    # sub-block k: nibble k%2 of scales_l[k//2], and bits 2k..2k+1 of scales_h (bits 2*(k%4) of byte k//4)
+    subs = range(N_SUB)
+    low = v.and_(v.shr(v.shuffle(low_bytes, [k // 2 for k in subs]), [4 * (k % 2) for k in subs]), 15)
+    high = v.and_(v.shr(v.shuffle(high_bytes, [k // 4 for k in subs]), [2 * (k % 4) for k in subs]), 3)
+    return v.builder.sub(v.or_(low, v.shl(high, 4)), v.constant(32, N_SUB, 8))
+
+
+@intrinsic
+def block_sum(typingctx, w, base, aqs, a):
+    """sum_k scale_k * <KVALUES[idx_k], a_k> over the 8 sub-blocks of the block at w[base:], against
+    aqs[a : a+256], as int32 (table look-up and signed multiply-add in vector registers)."""
+    sig = types.int32(w, base, aqs, a)
+
+    def codegen(context, builder, signature, args):
+        w_, base_, aqs_, a_ = args
+        wt, at = signature.args[0], signature.args[2]
+        v = VectorCode(context, builder)
+        scales16 = v.widen(emit_scales(v, wt, w_, base_), 16)
+        acc = None
+        for k in range(N_SUB):
+            packed = v.load(wt, w_, v.offset(base_, _QS + 16 * k), 16)
+            values = v.lookup16(KVALUES, v.join(v.and_(packed, 15), v.shr(packed, 4)))
+            acts = v.load(at, aqs_, v.offset(a_, SUB * k), SUB)
+            acc = v.add(acc, v.scale_pairs(v.dot_pairs_signed(values, acts), v.shuffle(scales16, [k] * 16)))
+        return v.sum(acc)
+
+    return sig, codegen
+
+
+@fast_kernel
+def vec_dot(w, aqs, ad, asum):
+    """w: uint8[nb*136] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation."""
+    acc = np.float32(0.0)
+    for b in range(aqs.shape[0] // BLOCK):
+        base = b * BLOCK_BYTES
+        acc += ad[b] * read_f16(w, base + _D) * np.float32(block_sum(w, base, aqs, b * BLOCK))
+    return acc
+
+
+QUANT = QuantType(
+    name="IQ4_XS",
+    act="q8_k",
+    dequantize=dequantize,
+    dequantize_row=dequantize_row,
+    vec_dot=vec_dot,
+    quantize=None,
+)

@@ -1,0 +1,162 @@
+"""Q5_K: 256 weights per 176-byte super-block, 5-bit quants with 6-bit scales and mins per 32.
+
+Block layout (ggml `block_q5_K`), little-endian:
+  bytes  0..1     d          float16   super-block scale of the sub-block scales
+  bytes  2..3     dmin       float16   super-block scale of the sub-block mins
+  bytes  4..15    scales[12]           8 (scale, min) pairs of 6 bits, packed exactly as in Q4_K
+  bytes 16..47    qh[32]               5th bits: bit k of qh[l] belongs to element 32k + l
+  bytes 48..175   qs[128]              low 4 bits, laid out exactly as Q4_K's qs
+
+The eight sub-blocks k = 0..7 hold elements 32k..32k+31. Element 64c + l (l < 32) is the low nibble of
+qs[32c + l] plus 16 * bit 2c of qh[l]; element 64c + 32 + l the high nibble plus 16 * bit 2c+1.
+Weight = (d * scale_k) * q - (dmin * min_k), q in 0..31, each product rounded to float32 first.
+
+Pairs with q8_k activations. The quantizer is llama.cpp's quantize_row_q5_K_ref (no importance matrix).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import prange, types
+from numba.extending import intrinsic
+
+from . import QuantType
+from .jit import exact_kernel, fast_kernel, read_f16
+from .q4_k import (
+    emit_mins_sum,
+    emit_scales_and_mins,
+    fit_sub_blocks,
+    quantize_scales_mins,
+    requantize_with_codes,
+    scale_min,
+    scale_min_words,
+    unpack_scales_mins,
+)
+from .q8_k import QK_K, VectorCode, as_blocks, as_float_blocks, f16_field
+
+BLOCK = QK_K
+BLOCK_BYTES = 176
+SUB = 32
+N_SUB = QK_K // SUB
+
+_D, _DMIN, _SCALES, _QH, _QS = 0, 2, 4, 16, 48
+
+
+def dequantize(raw: np.ndarray) -> np.ndarray:
+    """uint8[..., nb*176] -> float32[..., nb*256]."""
+    blocks = as_blocks(raw, BLOCK_BYTES, "Q5_K")
+    scales, mins = unpack_scales_mins(blocks[:, _SCALES:_QH])
+    step = f16_field(blocks, _D) * scales.astype(np.float32)  # [nb, 8]
+    offset = f16_field(blocks, _DMIN) * mins.astype(np.float32)
+    packed = blocks[:, _QS:].reshape(-1, N_SUB // 2, 1, SUB)
+    low = np.concatenate([packed & 15, packed >> 4], axis=2).reshape(-1, N_SUB, SUB)
+    bit_of_sub = np.arange(N_SUB, dtype=np.uint8).reshape(1, N_SUB, 1)
+    high = (blocks[:, _QH:_QS].reshape(-1, 1, SUB) >> bit_of_sub) & 1
+    q = (low | (high << 4)).astype(np.float32)
+    out = step[:, :, None] * q - offset[:, :, None]
+    return out.reshape(*np.shape(raw)[:-1], -1)
+
+
+@exact_kernel
+def dequantize_row(src, out):
+    """src: uint8[nb*176] -> out: float32[nb*256]."""
+    for b in range(out.shape[0] // BLOCK):
+        base = b * BLOCK_BYTES
+        d = read_f16(src, base + _D)
+        dmin = read_f16(src, base + _DMIN)
+        for c in range(N_SUB // 2):
+            sc_lo, mn_lo = scale_min(src, base + _SCALES, 2 * c)
+            sc_hi, mn_hi = scale_min(src, base + _SCALES, 2 * c + 1)
+            step_lo, off_lo = d * np.float32(sc_lo), dmin * np.float32(mn_lo)
+            step_hi, off_hi = d * np.float32(sc_hi), dmin * np.float32(mn_hi)
+            qbase = base + _QS + SUB * c
+            obase = b * BLOCK + 2 * SUB * c
+            for l in range(SUB):
+                q = src[qbase + l]
+                high = np.int32(src[base + _QH + l]) >> (2 * c)
+                out[obase + l] = step_lo * np.float32((q & 15) | ((high & 1) << 4)) - off_lo
+                out[obase + SUB + l] = step_hi * np.float32((q >> 4) | ((high & 2) << 3)) - off_hi
+
+
+@intrinsic
+def block_sums(typingctx, w, base, aqs, a, asum, group, words):
+    """(sum_k scale_k * <q_k, a_k>, sum_k min_k * <1, a_k>) for the block at w[base:], against
+    aqs[a : a+256] and the 16-element sums asum[group : group+16]; as Q4_K's, with the 5th bits."""
+    sig = types.UniTuple(types.int32, 2)(w, base, aqs, a, asum, group, words)
+
+    def codegen(context, builder, signature, args):
+        w_, base_, aqs_, a_, asum_, group_, words_ = args
+        v = VectorCode(context, builder)
+        scale_vectors, mins = emit_scales_and_mins(v, [builder.extract_value(words_, i) for i in range(4)])
+        high = v.load(signature.args[0], w_, v.offset(base_, _QH), SUB)
+        acc = None
+        for c in range(N_SUB // 2):
+            packed = v.load(signature.args[0], w_, v.offset(base_, _QS + SUB * c), SUB)
+            for half, low in enumerate((v.and_(packed, 15), v.shr(packed, 4))):
+                k = 2 * c + half
+                quants = v.or_(low, v.shl(v.and_(v.shr(high, k), 1), 4))  # bit k of qh[l] is the 5th bit
+                acts = v.load(signature.args[2], aqs_, v.offset(a_, SUB * k), SUB)
+                acc = v.add(acc, v.scale_pairs(v.dot_pairs(quants, acts), scale_vectors[k]))
+        mins_sum = emit_mins_sum(v, mins, signature.args[4], asum_, group_)
+        return context.make_tuple(builder, signature.return_type, [v.sum(acc), mins_sum])
+
+    return sig, codegen
+
+
+@fast_kernel
+def vec_dot(w, aqs, ad, asum):
+    """w: uint8[nb*176] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation.
+
+    As Q4_K: integer sums per super-block (block_sums), the mins through the 16-element sums, then
+    ad * (d * scaled - dmin * mins).
+    """
+    acc = np.float32(0.0)
+    for b in range(aqs.shape[0] // BLOCK):
+        base = b * BLOCK_BYTES
+        words = scale_min_words(w, base + _SCALES)
+        scaled, mins = block_sums(w, base, aqs, b * BLOCK, asum, b * (BLOCK // 16), words)
+        d = read_f16(w, base + _D)
+        dmin = read_f16(w, base + _DMIN)
+        acc += ad[b] * (d * np.float32(scaled) - dmin * np.float32(mins))
+    return acc
+
+
+# ----- quantization (llama.cpp's quantize_row_q5_K_ref: Q4_K's fit with 31 levels) -----
+
+
+@exact_kernel(parallel=True)
+def _quantize_blocks(x, out):
+    """x: float32[nb, 256] -> out: uint8[nb, 176] (zeroed); blocks are independent, so in parallel."""
+    for b in prange(x.shape[0]):
+        levels = np.empty(QK_K, dtype=np.uint8)
+        sub_scales = np.empty(N_SUB, dtype=np.float32)
+        sub_mins = np.empty(N_SUB, dtype=np.float32)
+        xb = x[b]
+        block = out[b]
+        fit_sub_blocks(xb, levels, sub_scales, sub_mins, 31, np.float32(-0.5), np.float32(0.1), 15)
+        d, dmin = quantize_scales_mins(sub_scales, sub_mins, block)
+        requantize_with_codes(xb, block, d, dmin, levels, 31)
+        for c in range(N_SUB // 2):
+            for l in range(SUB):
+                lo = levels[2 * SUB * c + l]
+                hi = levels[2 * SUB * c + SUB + l]
+                block[_QS + SUB * c + l] = (lo & 15) | ((hi & 15) << 4)
+                block[_QH + l] |= ((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1))
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float32[..., n] -> uint8[..., n/256*176], as llama.cpp's quantize_row_q5_K_ref."""
+    blocks = as_float_blocks(x, BLOCK, "Q5_K")
+    out = np.zeros((blocks.shape[0], BLOCK_BYTES), dtype=np.uint8)
+    _quantize_blocks(blocks, out)
+    return out.reshape(*np.shape(x)[:-1], -1)
+
+
+QUANT = QuantType(
+    name="Q5_K",
+    act="q8_k",
+    dequantize=dequantize,
+    dequantize_row=dequantize_row,
+    vec_dot=vec_dot,
+    quantize=quantize,
+)

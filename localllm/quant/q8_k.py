@@ -1,0 +1,320 @@
+"""Q8_K: 256 weights per 292-byte super-block, symmetric 8-bit with a float32 scale.
+
+Block layout (ggml `block_q8_K`), little-endian:
+  bytes   0..3     d          float32   scale; weight j = d * qs[j]
+  bytes   4..259   qs[256]    int8      quants
+  bytes 260..291   bsums[16]  int16     sum of qs[16g .. 16g+15] for each group g of 16
+
+ggml uses Q8_K as the activation format (`vec_dot_type`) of every K-quant; as a weight type it pairs
+with q8_k activations too (a dot product of two Q8_K rows). localllm keeps q8_k activations unpacked
+(activation.py), so `quantize` here packs the same numbers into ggml's 292-byte blocks.
+
+This module also holds what the super-block modules share: the block checks (`QK_K`, `as_blocks`,
+`as_float_blocks`, `f16_field`), the quantizers' rounding (`nearest_int`), and `VectorCode`, the few
+vector operations their dot-product kernels are built from (see "Vector building blocks" below).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ..errors import TensorError
+from . import QuantType
+from .activation import quantize_q8_k
+from .jit import exact_kernel, fast_kernel, read_f32
+
+QK_K = 256
+BLOCK = QK_K
+BLOCK_BYTES = 292
+GROUPS = QK_K // 16  # bsums per block
+
+_QS = 4
+_BSUMS = 260
+
+
+def as_blocks(raw: np.ndarray, block_bytes: int, type_name: str) -> np.ndarray:
+    """View uint8[..., k*block_bytes] as uint8[blocks, block_bytes]; TensorError if the rows do not split."""
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8:
+        raise TensorError(f"{type_name} data must be uint8 bytes, got {raw.dtype}")
+    if raw.ndim == 0 or raw.shape[-1] % block_bytes:
+        raise TensorError(
+            f"{type_name} row of {raw.shape[-1] if raw.ndim else 0} bytes is not a whole number of"
+            f" {block_bytes}-byte blocks"
+        )
+    return np.ascontiguousarray(raw).reshape(-1, block_bytes)
+
+
+def as_float_blocks(x: np.ndarray, block: int, type_name: str) -> np.ndarray:
+    """float32 C-contiguous [blocks, block] view of x[..., n]; TensorError if n is not a multiple of block."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim == 0 or x.shape[-1] % block:
+        raise TensorError(
+            f"cannot quantize rows of {x.shape[-1] if x.ndim else 0} values to {type_name}:"
+            f" the row length must be a multiple of {block}"
+        )
+    return x.reshape(-1, block)
+
+
+def f16_field(blocks: np.ndarray, offset: int) -> np.ndarray:
+    """The float16 field at byte `offset` of every block, as float32 [blocks, 1] (exact conversion)."""
+    return blocks[:, offset : offset + 2].copy().view(np.float16).astype(np.float32)
+
+
+@intrinsic
+def _f32_bits(typingctx, value):
+    """The 32 bits of a float32, as int32 (no conversion)."""
+    sig = types.int32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
+@exact_kernel
+def nearest_int(value):
+    """ggml's nearest_int: adding 1.5*2**23 leaves round(value) in the low mantissa bits.
+
+    That is round-half-to-even for |value| <= 4194303 (ggml asserts this range); emulated bit for bit,
+    so that the rare out-of-range argument gives the same (clamped-away) garbage as llama.cpp.
+    """
+    shifted = np.float32(value) + np.float32(12582912.0)
+    return np.int32((_f32_bits(shifted) & np.int32(0x007FFFFF)) - np.int32(0x00400000))
+
+
+# ----- Vector building blocks for the block dot products -----
+#
+# Numba's auto-vectorizer turns an unpack-multiply-add loop over 4-bit quants into 128-bit code that
+# widens every byte to 16 bits (measured 3.2 GB/s for Q4_K). llama.cpp's AVX2 kernels instead multiply
+# unsigned quant bytes by signed activation bytes with vpmaddubsw (adjacent pairs summed into int16),
+# then multiply-add those int16 pairs by the sub-block scales with vpmaddwd (pairs summed into int32):
+# two instructions per 32 weights. `VectorCode` emits the same operations as LLVM IR from inside a
+# Numba @intrinsic, so a kernel states them in a few readable lines:
+#
+#   dot_pairs(u, s)      <32 x u8> * <32 x i8>  -> <16 x i16>, lane i = u[2i]*s[2i] + u[2i+1]*s[2i+1]
+#   scale_pairs(p, sc)   <16 x i16> * <16 x i16> -> <8 x i32>, lane i = p[2i]*sc[2i] + p[2i+1]*sc[2i+1]
+#
+# dot_pairs is exact (vpmaddubsw saturates the int16 pair sums) while the unsigned quants are at most
+# 127: 2*127*128 = 32512 < 32767 for any int8 activation; every caller's quants are 0..63. Where the
+# compile target has AVX2 the two map to vpmaddubsw / vpmaddwd; elsewhere (or with VECTOR_ISA =
+# "generic", which the tests use to check that path too) they are plain widening multiplies and pairwise
+# adds that any LLVM target lowers. Either way the integer results are identical.
+#
+# Numba's cache keys compiled code on the CPU name and features, so a cached kernel is never reused on a
+# machine with a different instruction set.
+
+VECTOR_ISA = "auto"  # "auto": AVX2 where the target has it; "generic": portable IR only
+
+
+def _target_has_avx2(context) -> bool:
+    if VECTOR_ISA == "generic":
+        return False
+    features = getattr(context.codegen(), "_tm_features", "") or ""
+    return "+avx2" in features.split(",")
+
+
+class VectorCode:
+    """Emits vector IR into one Numba intrinsic's body (builder) for the compile target (context)."""
+
+    def __init__(self, context, builder):
+        self.context = context
+        self.builder = builder
+        self.avx2 = _target_has_avx2(context)
+
+    # -- construction --
+
+    @staticmethod
+    def vector_type(lanes: int, bits: int) -> ir.VectorType:
+        return ir.VectorType(ir.IntType(bits), lanes)
+
+    def constant(self, value: int, lanes: int, bits: int) -> ir.Constant:
+        return ir.Constant(self.vector_type(lanes, bits), [value] * lanes)
+
+    def offset(self, base, delta: int):
+        """base (an index value) + delta."""
+        return self.builder.add(base, ir.Constant(base.type, delta))
+
+    def load(self, array_type, array, index, lanes: int):
+        """array[index : index + lanes] as a vector of the array's element width (no alignment assumed)."""
+        data = self.context.make_array(array_type)(self.context, self.builder, array).data
+        vector_pointer = ir.VectorType(data.type.pointee, lanes).as_pointer()
+        pointer = self.builder.bitcast(self.builder.gep(data, [index]), vector_pointer)
+        return self.builder.load(pointer, align=1)
+
+    def from_scalars(self, values, bits: int):
+        """A vector of the given integer scalars (truncated or sign-extended to `bits`)."""
+        vec = ir.Constant(self.vector_type(len(values), bits), ir.Undefined)
+        for lane, value in enumerate(values):
+            vec = self.builder.insert_element(vec, self.resize(value, bits), ir.Constant(ir.IntType(32), lane))
+        return vec
+
+    def resize(self, value, bits: int, signed: bool = True):
+        width = value.type.width
+        if width > bits:
+            return self.builder.trunc(value, ir.IntType(bits))
+        if width < bits:
+            return (self.builder.sext if signed else self.builder.zext)(value, ir.IntType(bits))
+        return value
+
+    # -- lane-wise operations --
+
+    @staticmethod
+    def _lane_list(lanes) -> ir.Constant:
+        lanes = list(lanes)
+        return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
+
+    def shuffle(self, vec, lanes):
+        """Lanes of vec picked by index (the result has len(lanes) lanes)."""
+        return self.builder.shuffle_vector(vec, vec, self._lane_list(lanes))
+
+    def join(self, a, b):
+        """The lanes of a followed by those of b (same lane type)."""
+        return self.builder.shuffle_vector(a, b, self._lane_list(range(a.type.count + b.type.count)))
+
+    def widen(self, vec, bits: int, signed: bool = True):
+        target = self.vector_type(vec.type.count, bits)
+        return self.builder.sext(vec, target) if signed else self.builder.zext(vec, target)
+
+    def bitcast(self, vec, lanes: int, bits: int):
+        return self.builder.bitcast(vec, self.vector_type(lanes, bits))
+
+    def and_(self, vec, mask: int):
+        return self.builder.and_(vec, self.constant(mask, vec.type.count, vec.type.element.width))
+
+    def shr(self, vec, count):
+        """Logical shift right by `count` (an int, or a list of per-lane counts)."""
+        if isinstance(count, int):
+            return self.builder.lshr(vec, self.constant(count, vec.type.count, vec.type.element.width))
+        return self.builder.lshr(vec, ir.Constant(vec.type, list(count)))
+
+    def shl(self, vec, count: int):
+        return self.builder.shl(vec, self.constant(count, vec.type.count, vec.type.element.width))
+
+    def or_(self, a, b):
+        return self.builder.or_(a, b)
+
+    def add(self, a, b):
+        """a + b, where a may be None (the start of a sum)."""
+        return b if a is None else self.builder.add(a, b)
+
+    def mul(self, a, b):
+        return self.builder.mul(a, b)
+
+    def sum(self, vec):
+        """The (wrapping) sum of all lanes, a scalar."""
+        fnty = ir.FunctionType(vec.type.element, [vec.type])
+        name = f"llvm.vector.reduce.add.v{vec.type.count}i{vec.type.element.width}"
+        return self.builder.call(cgutils.get_or_insert_function(self.builder.module, fnty, name), [vec])
+
+    # -- the two multiply-adds --
+
+    def _pairwise_add(self, vec):
+        even = self.shuffle(vec, range(0, vec.type.count, 2))
+        odd = self.shuffle(vec, range(1, vec.type.count, 2))
+        return self.builder.add(even, odd)
+
+    def _x86(self, name: str, args, result_type):
+        fnty = ir.FunctionType(result_type, [arg.type for arg in args])
+        return self.builder.call(cgutils.get_or_insert_function(self.builder.module, fnty, name), args)
+
+    def dot_pairs(self, unsigned_bytes, signed_bytes):
+        """<32 x i8> (as unsigned) * <32 x i8> (signed) -> <16 x i16>: adjacent products summed."""
+        if self.avx2:
+            args = [unsigned_bytes, signed_bytes]
+            return self._x86("llvm.x86.avx2.pmadd.ub.sw", args, self.vector_type(16, 16))
+        products = self.builder.mul(self.widen(unsigned_bytes, 16, signed=False), self.widen(signed_bytes, 16))
+        return self._pairwise_add(products)
+
+    def dot_pairs_signed(self, x, y):
+        """<32 x i8> * <32 x i8>, both signed -> <16 x i16>: adjacent products summed.
+
+        Exact for |x| <= 127 and y != -128 (on AVX2 it is vpmaddubsw(|x|, y * sign(x)), as llama.cpp
+        does); q8_0/q8_k activations lie in -127..127 by construction.
+        """
+        if self.avx2:
+            magnitude = self._x86("llvm.abs.v32i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+            signed = self._x86("llvm.x86.avx2.psign.b", [y, x], y.type)
+            return self._x86("llvm.x86.avx2.pmadd.ub.sw", [magnitude, signed], self.vector_type(16, 16))
+        return self._pairwise_add(self.builder.mul(self.widen(x, 16), self.widen(y, 16)))
+
+    def lookup16(self, table, indices):
+        """table[indices] per lane: a constant table of 16 int8 values, <32 x i8> indices in 0..15."""
+        if self.avx2:  # vpshufb looks up within each 128-bit half, so the table goes in both halves
+            both_halves = ir.Constant(indices.type, [int(value) for value in table] * 2)
+            return self._x86("llvm.x86.avx2.pshuf.b", [both_halves, indices], indices.type)
+        result = self.constant(0, indices.type.count, 8)
+        for i, value in enumerate(table):
+            hit = self.builder.icmp_unsigned("==", indices, self.constant(i, indices.type.count, 8))
+            result = self.builder.select(hit, self.constant(int(value), indices.type.count, 8), result)
+        return result
+
+    def scale_pairs(self, pairs, scales):
+        """<16 x i16> * <16 x i16> -> <8 x i32>: adjacent products summed."""
+        if self.avx2:
+            return self._x86("llvm.x86.avx2.pmadd.wd", [pairs, scales], self.vector_type(8, 32))
+        return self._pairwise_add(self.builder.mul(self.widen(pairs, 32), self.widen(scales, 32)))
+
+
+def dequantize(raw: np.ndarray) -> np.ndarray:
+    """uint8[..., nb*292] -> float32[..., nb*256]."""
+    blocks = as_blocks(raw, BLOCK_BYTES, "Q8_K")
+    d = blocks[:, :_QS].copy().view(np.float32)
+    qs = blocks[:, _QS:_BSUMS].view(np.int8).astype(np.float32)
+    return (d * qs).reshape(*np.shape(raw)[:-1], -1)
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float32[..., n] -> uint8[..., n/256*292], as llama.cpp's quantize_row_q8_K (via activation.py)."""
+    blocks = as_float_blocks(x, BLOCK, "Q8_K")
+    flat = blocks.reshape(-1)
+    qs = np.empty(flat.shape[0], dtype=np.int8)
+    d = np.empty(blocks.shape[0], dtype=np.float32)
+    bsums = np.empty(blocks.shape[0] * GROUPS, dtype=np.int32)
+    quantize_q8_k(flat, qs, d, bsums)
+    out = np.empty((blocks.shape[0], BLOCK_BYTES), dtype=np.uint8)
+    out[:, :_QS] = d.reshape(-1, 1).view(np.uint8)
+    out[:, _QS:_BSUMS] = qs.reshape(-1, BLOCK).view(np.uint8)
+    # |bsum| <= 16*128, so int16 holds it exactly, as in ggml.
+    out[:, _BSUMS:] = bsums.astype("<i2").reshape(-1, GROUPS).view(np.uint8)
+    return out.reshape(*np.shape(x)[:-1], -1)
+
+
+@exact_kernel
+def dequantize_row(src, out):
+    """src: uint8[nb*292] -> out: float32[nb*256]."""
+    qs = src.view(np.int8)
+    for b in range(out.shape[0] // BLOCK):
+        d = read_f32(src, b * BLOCK_BYTES)
+        base = b * BLOCK_BYTES + _QS
+        for j in range(BLOCK):
+            out[b * BLOCK + j] = d * np.float32(qs[base + j])
+
+
+@fast_kernel
+def vec_dot(w, aqs, ad, asum):
+    """w: uint8[nb*292] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation."""
+    wq = w.view(np.int8)
+    acc = np.float32(0.0)
+    for b in range(aqs.shape[0] // BLOCK):
+        wbase = b * BLOCK_BYTES + _QS
+        abase = b * BLOCK
+        total = np.int32(0)
+        for j in range(BLOCK):
+            total += np.int32(wq[wbase + j]) * np.int32(aqs[abase + j])
+        acc += np.float32(total) * (read_f32(w, b * BLOCK_BYTES) * ad[b])
+    return acc
+
+
+QUANT = QuantType(
+    name="Q8_K",
+    act="q8_k",
+    dequantize=dequantize,
+    dequantize_row=dequantize_row,
+    vec_dot=vec_dot,
+    quantize=quantize,
+)
