@@ -1,0 +1,44 @@
+"""F16: IEEE half-precision weights (2 bytes per element, "block" of 1).
+
+Pairs with float32 activations (llama.cpp converts the activation to F16 instead; keeping it in float32
+is at least as accurate). Each half is widened exactly with the `f16_to_f32` intrinsic (F16C on x86).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import QuantType
+from .jit import exact_kernel, f16_to_f32, fast_kernel
+
+
+def dequantize(raw: np.ndarray) -> np.ndarray:
+    """uint8[..., 2n] -> float32[..., n]."""
+    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float32[..., n] -> uint8[..., 2n], rounding to nearest even (as ggml's fp32 -> fp16)."""
+    with np.errstate(over="ignore"):  # beyond 65504 is inf in half precision, as in ggml
+        return np.asarray(x, dtype=np.float32).astype(np.float16).view(np.uint8)
+
+
+@exact_kernel
+def dequantize_row(src, out):
+    """src: uint8[2n] -> out: float32[n]."""
+    bits = src.view(np.uint16)
+    for j in range(out.shape[0]):
+        out[j] = f16_to_f32(bits[j])
+
+
+@fast_kernel
+def vec_dot(w, x):
+    """w: uint8[2n] weight row; x: float32[n] activation."""
+    bits = w.view(np.uint16)
+    acc = np.float32(0.0)
+    for j in range(x.shape[0]):
+        acc += f16_to_f32(bits[j]) * x[j]
+    return acc
+
+
+QUANT = QuantType(name="F16", act="f32", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)

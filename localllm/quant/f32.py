@@ -1,0 +1,42 @@
+"""F32: plain little-endian float32 weights (4 bytes per element, "block" of 1).
+
+Pairs with float32 activations: the dot product is a plain float32 sum (reordered by fast-math).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import QuantType
+from .jit import exact_kernel, fast_kernel
+
+
+def dequantize(raw: np.ndarray) -> np.ndarray:
+    """uint8[..., 4n] -> float32[..., n]."""
+    return np.ascontiguousarray(raw).view(np.float32).copy()
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float32[..., n] -> uint8[..., 4n]."""
+    return np.ascontiguousarray(x, dtype=np.float32).view(np.uint8).copy()
+
+
+@exact_kernel
+def dequantize_row(src, out):
+    """src: uint8[4n] -> out: float32[n]."""
+    values = src.view(np.float32)
+    for j in range(out.shape[0]):
+        out[j] = values[j]
+
+
+@fast_kernel
+def vec_dot(w, x):
+    """w: uint8[4n] weight row; x: float32[n] activation."""
+    values = w.view(np.float32)
+    acc = np.float32(0.0)
+    for j in range(x.shape[0]):
+        acc += values[j] * x[j]
+    return acc
+
+
+QUANT = QuantType(name="F32", act="f32", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)

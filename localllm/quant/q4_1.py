@@ -1,0 +1,68 @@
+"""Q4_1: 32 weights per 20-byte block, 4-bit with a per-block minimum.
+
+Block layout (ggml `block_q4_1`), little-endian:
+  bytes 0..1   d       float16   scale
+  bytes 2..3   m       float16   minimum
+  bytes 4..19  qs[16]  uint8     byte j: element j in the low nibble, element j+16 in the high nibble
+Weight = d * q + m. Pairs with llama.cpp's Q8_1 activation, which in our unpacked form is the q8_0
+activation plus its per-block sums `asum` (the min term is m * d_a * sum(a)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import QuantType
+from ._legacy import f16_bytes, f16_column, pack_nibbles, quantize_affine, unpack_nibbles
+from .jit import exact_kernel, fast_kernel, read_f16
+
+BLOCK = 32
+BLOCK_BYTES = 20
+
+
+def dequantize(raw: np.ndarray) -> np.ndarray:
+    """uint8[..., nb*20] -> float32[..., nb*32]."""
+    blocks = raw.reshape(-1, BLOCK_BYTES)
+    q = unpack_nibbles(blocks[:, 4:]).astype(np.float32)
+    return (f16_column(blocks, 0) * q + f16_column(blocks, 2)).reshape(*raw.shape[:-1], -1)
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float32[..., n] -> uint8[..., n/32*20], as quantize_row_q4_1_ref."""
+    d, vmin, q = quantize_affine(x, 15)
+    out = np.concatenate([f16_bytes(d), f16_bytes(vmin), pack_nibbles(q)], axis=1)
+    return out.reshape(*np.shape(x)[:-1], -1)
+
+
+@exact_kernel
+def dequantize_row(src, out):
+    """src: uint8[nb*20] -> out: float32[nb*32]."""
+    for b in range(out.shape[0] // BLOCK):
+        d = read_f16(src, b * BLOCK_BYTES)
+        m = read_f16(src, b * BLOCK_BYTES + 2)
+        base = b * BLOCK_BYTES + 4
+        for j in range(16):
+            byte = src[base + j]
+            out[b * BLOCK + j] = d * np.float32(byte & 0x0F) + m
+            out[b * BLOCK + j + 16] = d * np.float32(byte >> 4) + m
+
+
+@fast_kernel
+def vec_dot(w, aqs, ad, asum):
+    """w: uint8[nb*20] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation."""
+    acc = np.float32(0.0)
+    for b in range(aqs.shape[0] // BLOCK):
+        base = b * BLOCK_BYTES + 4
+        a0 = b * BLOCK
+        total = np.int32(0)
+        for j in range(16):
+            byte = w[base + j]
+            total = np.int32(total + np.int32(np.int16(byte & 0x0F) * np.int16(aqs[a0 + j])))
+            total = np.int32(total + np.int32(np.int16(byte >> 4) * np.int16(aqs[a0 + 16 + j])))
+        d = read_f16(w, b * BLOCK_BYTES)
+        m = read_f16(w, b * BLOCK_BYTES + 2)
+        acc += ad[b] * (d * np.float32(total) + m * np.float32(asum[b]))
+    return acc
+
+
+QUANT = QuantType(name="Q4_1", act="q8_0", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)

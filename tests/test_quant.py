@@ -1,0 +1,194 @@
+"""Every registered quant type against llama.cpp: the gguf package (its NumPy port of ggml-quants.c) and
+llama.cpp's own outputs on test vectors (tests/data/reference/quant/*.npz, made through libggml).
+
+Parametrized over the registry, so a new type is tested by adding it to `quant._MODULES`.
+Tolerance for dot products (stated once, used everywhere): our vec_dot and a float64 dot of the same
+dequantized numbers differ only in float32 rounding and summation order. Integer block sums are exact,
+so the error is a few float32 roundings per block, relative to sum |w_i a_i|: bound 1e-5 x sum |w_i a_i|.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from conftest import REFERENCE_DIR
+from localllm import quant
+from localllm.gguf import GGML_TYPES_BY_NAME
+from localllm.quant.activation import QuantizedActivation
+
+DOT_RTOL = 1e-5
+NAMES = quant.supported_names()
+IN_GGUF = [name for name in NAMES if name != "Q8_K"]  # gguf.quants has no Q8_K (reference vectors below)
+
+
+def _gguf_can_quantize(name: str) -> bool:
+    try:
+        gguf.quants.quantize(np.zeros((1, 256), np.float32), gguf.GGMLQuantizationType[name])
+    except NotImplementedError:
+        return False
+    return True
+
+# Byte offsets of the float fields of each block (f16, or f32 for Q8_K): random bytes there would be
+# NaN/inf; tests fill them with chosen values instead.
+FLOAT_FIELDS = {
+    "Q4_0": [(0, 2)], "Q4_1": [(0, 2), (2, 2)], "Q5_0": [(0, 2)], "Q5_1": [(0, 2), (2, 2)], "Q8_0": [(0, 2)],
+    "Q2_K": [(80, 2), (82, 2)], "Q3_K": [(108, 2)], "Q4_K": [(0, 2), (2, 2)], "Q5_K": [(0, 2), (2, 2)],
+    "Q6_K": [(208, 2)], "Q8_K": [(0, 4)], "IQ4_NL": [(0, 2)], "IQ4_XS": [(0, 2)],
+}
+SCALE_CASES = [0.0, -0.0, 1.0, -0.37, 65504.0, 6e-8, 2.0**-24, 1e-3]  # incl. f16 max and subnormals
+
+
+def random_rows(name: str, n_rows: int, n: int, rng, extremes: bool = True) -> np.ndarray:
+    """uint8[n_rows, row_bytes]: random quants, float fields drawn from SCALE_CASES and a normal."""
+    info = GGML_TYPES_BY_NAME[name]
+    if info.block_size == 1:
+        values = rng.standard_normal((n_rows, n)).astype(np.float32)
+        if extremes:
+            values[0, :8] = [0.0, -0.0, 65504.0, 6e-8, -1e-30, 3.4e38, 1.0, -2.5]
+        return quant.get(name).quantize(values) if name != "F32" else values.view(np.uint8)
+    blocks = rng.integers(0, 256, (n_rows * n // info.block_size, info.type_size), dtype=np.uint8)
+    for offset, width in FLOAT_FIELDS[name]:
+        dtype = np.float16 if width == 2 else np.float32
+        scales = rng.choice(SCALE_CASES + list(rng.standard_normal(8)), size=blocks.shape[0]).astype(dtype)
+        blocks[:, offset : offset + width] = scales.view(np.uint8).reshape(-1, width)
+    blocks[0] = 0  # an all-zero block
+    return blocks.reshape(n_rows, -1)
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("name", IN_GGUF)
+def test_dequantize_equals_gguf_bit_for_bit(name):
+    rng = np.random.default_rng(1)
+    raw = random_rows(name, 6, 512, rng)
+    ours = quant.get(name).dequantize(raw)
+    theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(ours.shape)
+    np.testing.assert_array_equal(bits(ours), bits(theirs))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_numba_row_kernel_equals_numpy_reference(name):
+    rng = np.random.default_rng(2)
+    qt = quant.get(name)
+    raw = random_rows(name, 6, 512, rng)
+    expected = qt.dequantize(raw)
+    out = np.empty(512, dtype=np.float32)
+    for r in range(raw.shape[0]):
+        qt.dequantize_row(raw[r], out)
+        np.testing.assert_array_equal(bits(out), bits(expected[r]))
+
+
+def dequantized_activation(qt, args, x):
+    """The activation as the kernel sees it: float32 as is, or quants times their block scale."""
+    if qt.act == "f32":
+        return x.astype(np.float64)
+    qs, d = args[0], args[1]
+    block = len(qs) // len(d)
+    return (qs.astype(np.float64).reshape(-1, block) * d[:, None]).reshape(-1)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_vec_dot_within_stated_tolerance(name):
+    rng = np.random.default_rng(3)
+    qt = quant.get(name)
+    n = 1024
+    raw = random_rows(name, 8, n, rng, extremes=False)
+    weights = qt.dequantize(raw).astype(np.float64)
+    act = QuantizedActivation(qt.act, n)
+    for r in range(raw.shape[0]):
+        x = (rng.standard_normal(n) * rng.choice([1e-2, 1.0, 30.0])).astype(np.float32)
+        args = act.quantize(x)
+        a = dequantized_activation(qt, args, x)
+        got = float(qt.vec_dot(raw[r], *args))
+        expected = float(weights[r] @ a)
+        scale = float(np.abs(weights[r] * a).sum())
+        assert abs(got - expected) <= DOT_RTOL * scale + 1e-30, (r, got, expected)
+        # Against the unquantized activation: each activation element is off by at most half a step
+        # (d/2 per block), so |error| <= sum |w_i| * d_block(i) / 2.
+        if qt.act != "f32":
+            d = np.abs(np.repeat(args[1], n // len(args[1])).astype(np.float64))
+            bound = float(np.abs(weights[r]) @ (d / 2)) * (1 + 1e-4) + DOT_RTOL * scale
+            assert abs(got - float(weights[r] @ x.astype(np.float64))) <= bound
+
+
+@pytest.mark.parametrize("name", [n for n in IN_GGUF if quant.get(n).quantize is not None and _gguf_can_quantize(n)])
+def test_quantize_equals_gguf_bit_for_bit(name):
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((8, 512)) * rng.choice([1e-4, 1.0, 1e3], (8, 1))).astype(np.float32)
+    x[1] = 0.0
+    x[2, 17] = 5e4  # one huge value
+    x[3, ::2] = -x[3, 1::2]
+    theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name])
+    ours = quant.get(name).quantize(x)
+    np.testing.assert_array_equal(ours.reshape(-1), np.asarray(theirs).reshape(-1).view(np.uint8))
+
+
+# -- llama.cpp's own outputs ------------------------------------------------------------------------------
+
+REFERENCE_TYPES = sorted(p.stem for p in (REFERENCE_DIR / "quant").glob("*.npz"))
+
+
+def reference(name):
+    return np.load(REFERENCE_DIR / "quant" / f"{name}.npz")
+
+
+@pytest.mark.parametrize("name", [n for n in REFERENCE_TYPES if quant.is_supported(n)])
+def test_llamacpp_reference_dequantize_quantize_and_dot(name):
+    ref = reference(name)
+    qt = quant.get(name)
+    q = ref["q"].reshape(ref["x"].shape[0], -1)
+    np.testing.assert_array_equal(bits(qt.dequantize(q)), bits(ref["deq"].reshape(q.shape[0], -1)))
+    if qt.quantize is not None:
+        np.testing.assert_array_equal(qt.quantize(ref["x"]).reshape(q.shape), q)
+    if "dot" not in ref.files:
+        return  # llama.cpp has no vec_dot for this type (Q8_K is only ever an activation format)
+    n = ref["x"].shape[1]
+    deq = ref["deq"].reshape(q.shape[0], -1).astype(np.float64)
+    act = QuantizedActivation(qt.act, n)
+    for r in range(q.shape[0]):
+        args = act.quantize(ref["y"][r])
+        got = float(qt.vec_dot(q[r], *args))
+        ours_a = dequantized_activation(qt, args, ref["y"][r])
+        llama_a, llama_s = llama_activation(int(ref["vec_dot_type"]), ref["yq"][r], ref["y"][r])
+        # Beyond summation order (DOT_RTOL), the two differ only where llama.cpp holds the activation
+        # differently: F16/BF16 activations for float weights (a term sum |w| |a_ours - a_llama|), and
+        # Q8_1's block sum s stored as float16 (relative error 2^-11, times the block's largest weight,
+        # which bounds the Q4_1/Q5_1 minimum it multiplies).
+        bound = DOT_RTOL * float(np.abs(deq[r] * ours_a).sum()) + float(np.abs(deq[r]) @ np.abs(ours_a - llama_a))
+        if llama_s is not None:
+            bound += 2.0**-11 * float(np.abs(deq[r]).reshape(-1, 32).max(axis=1) @ np.abs(llama_s)) * 1.01
+        assert abs(got - float(ref["dot"][r])) <= bound + 1e-30, (name, r, got, float(ref["dot"][r]))
+
+
+def llama_activation(vec_dot_type: int, yq: np.ndarray, y: np.ndarray):
+    """llama.cpp's quantized activation row as float64 values, and Q8_1's stored block sums."""
+    if vec_dot_type == 0:  # F32
+        return y.astype(np.float64), None
+    if vec_dot_type == 1:  # F16
+        return yq.view(np.float16).astype(np.float64), None
+    if vec_dot_type == 30:  # BF16
+        return (yq.view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64), None
+    if vec_dot_type == 8:  # Q8_0: f16 d, int8 qs[32]
+        blocks = yq.reshape(-1, 34)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float64)
+        return (d * blocks[:, 2:].view(np.int8)).reshape(-1), None
+    if vec_dot_type == 9:  # Q8_1: f16 d, f16 s (= d * sum qs), int8 qs[32]
+        blocks = yq.reshape(-1, 36)
+        d = blocks[:, :2].copy().view(np.float16).astype(np.float64)
+        s = blocks[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(-1)
+        return (d * blocks[:, 4:].view(np.int8)).reshape(-1), s
+    if vec_dot_type == 15:  # Q8_K: f32 d, int8 qs[256], int16 bsums[16]
+        blocks = yq.reshape(-1, 292)
+        d = blocks[:, :4].copy().view(np.float32).astype(np.float64)
+        return (d * blocks[:, 4:260].view(np.int8)).reshape(-1), None
+    raise AssertionError(f"unexpected vec_dot_type {vec_dot_type}")
+
+
+def test_every_registered_type_has_a_reference_or_an_oracle():
+    """Nothing in the registry goes unchecked: each type is in gguf.quants or in llama.cpp's vectors."""
+    for name in NAMES:
+        assert name in IN_GGUF or name in REFERENCE_TYPES, name
