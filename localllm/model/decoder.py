@@ -36,17 +36,23 @@ class Buffers:
 
 
 class KVCache:
-    """Per-layer K and V, float32 [n_ctx, n_head_kv, head_dim], indexed by absolute position."""
+    """Per-layer K and V, float16 [n_ctx, n_head_kv, head_dim], indexed by absolute position.
+
+    Float16, as llama.cpp's default cache type: half the memory of float32, and measured closer to
+    llama.cpp's logits on Gemma 3 270M (KL at the last prompt position 0.001-0.006 against 0.003-0.015
+    with a float32 cache), since the values attention sees are rounded as llama.cpp rounds them."""
+
+    DTYPE = np.float16
 
     def __init__(self, ops: Backend, hp: HParams, n_ctx: int):
         self.n_ctx = n_ctx
         shape = (n_ctx, hp.n_head_kv, hp.head_dim)
-        self.k = [ops.alloc(shape) for _ in range(hp.n_layer)]
-        self.v = [ops.alloc(shape) for _ in range(hp.n_layer)]
+        self.k = [ops.alloc(shape, self.DTYPE) for _ in range(hp.n_layer)]
+        self.v = [ops.alloc(shape, self.DTYPE) for _ in range(hp.n_layer)]
 
     @staticmethod
     def bytes_needed(hp: HParams, n_ctx: int) -> int:
-        return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * 4
+        return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * np.dtype(KVCache.DTYPE).itemsize
 
 
 class Decoder:

@@ -83,7 +83,7 @@ class CPUBackend(Backend):
 
     def kv_store(self, cache_k, cache_v, k, v, start) -> None:
         n = k.shape[0]
-        cache_k[start : start + n] = k
+        cache_k[start : start + n] = k  # numpy rounds float32 -> float16 to nearest even, in place
         cache_v[start : start + n] = v
 
     def attention(self, q, cache_k, cache_v, start, scale, window, out) -> None:
@@ -92,7 +92,7 @@ class CPUBackend(Backend):
         if self._scores.size < needed:
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
-        kernels.attention(q, cache_k, cache_v, start, np.float32(scale), int(window), out, scores)
+        kernels.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores)
 
     def gated_act(self, gate, up, out, kind) -> None:
         if kind not in ("silu", "gelu_tanh"):

@@ -7,17 +7,19 @@ import math
 import numpy as np
 from numba import prange
 
-from ...quant.jit import fast_kernel
+from ...quant.jit import exact_kernel, f16_to_f32, fast_kernel
 
 SQRT_2_OVER_PI = 0.7978845608028654
 
 
-@fast_kernel
+@exact_kernel
 def _row_rms_scale(row, eps):
-    total = np.float32(0.0)
+    """1/sqrt(mean(row^2) + eps), the sum in float64 in order, as ggml does: deterministic whatever the
+    compiler does (a fast-math float32 reduction changed with how it was vectorised, measured)."""
+    total = 0.0
     for i in range(row.shape[0]):
-        total += row[i] * row[i]
-    return np.float32(1.0) / np.sqrt(total / np.float32(row.shape[0]) + np.float32(eps))
+        total += np.float64(row[i]) * np.float64(row[i])
+    return np.float32(1.0 / np.sqrt(total / row.shape[0] + np.float64(eps)))
 
 
 @fast_kernel(parallel=True)
@@ -63,23 +65,24 @@ def rope(x, positions, inv_freq, neox):
 
 
 @fast_kernel
-def _dot(a, b):
+def _dot_f16(a, bits):
+    """a float32[D] . b, b given as float16 bits uint16[D]."""
     total = np.float32(0.0)
     for i in range(a.shape[0]):
-        total += a[i] * b[i]
+        total += a[i] * f16_to_f32(bits[i])
     return total
 
 
 @fast_kernel
-def _axpy(alpha, x, y):
-    """y += alpha * x."""
-    for i in range(x.shape[0]):
-        y[i] += alpha * x[i]
+def _axpy_f16(alpha, bits, y):
+    """y float32[D] += alpha * x, x given as float16 bits uint16[D]."""
+    for i in range(y.shape[0]):
+        y[i] += alpha * f16_to_f32(bits[i])
 
 
 @fast_kernel(parallel=True)
 def attention(q, cache_k, cache_v, start, scale, window, out, scores):
-    """q float32[T, Hq, D]; cache float32[n_ctx, Hkv, D]; out float32[T, Hq, D];
+    """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D];
     scores float32[T*Hq, n_keys] scratch with n_keys >= start+T."""
     n_tokens, n_head, head_dim = q.shape
     group = n_head // cache_k.shape[1]
@@ -94,7 +97,7 @@ def attention(q, cache_k, cache_v, start, scale, window, out, scores):
         row = scores[job]
         best = -np.inf
         for j in range(first, pos + 1):
-            s = _dot(q[t, h], cache_k[j, kvh]) * scale
+            s = _dot_f16(q[t, h], cache_k[j, kvh]) * scale
             row[j] = s
             if s > best:
                 best = s
@@ -107,7 +110,7 @@ def attention(q, cache_k, cache_v, start, scale, window, out, scores):
         dst[:] = 0.0
         inv = np.float32(1.0) / total
         for j in range(first, pos + 1):
-            _axpy(row[j] * inv, cache_v[j, kvh], dst)
+            _axpy_f16(row[j] * inv, cache_v[j, kvh], dst)
 
 
 @fast_kernel(parallel=True)
