@@ -79,6 +79,18 @@ class Model:
         self._template = None
         self.session = self.new_session()
 
+    def close(self) -> None:
+        """Release the mapped file (the model cannot be used afterwards)."""
+        self.session = None
+        self.decoder = None
+        self.reader.close()
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # -- pieces -----------------------------------------------------------------------------------------
     @property
     def architecture(self) -> str:

@@ -7,6 +7,7 @@ import sys
 
 import typer
 
+from . import bench as bench_cmd
 from . import run as run_cmd
 from . import show as show_cmd
 from . import tokenize as tokenize_cmd
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.command("show")(show_cmd.show)
 app.command("run")(run_cmd.run)
 app.command("tokenize")(tokenize_cmd.tokenize)
+app.command("bench")(bench_cmd.bench)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,3 +73,21 @@ def print_tensors(reader) -> None:
     for tensor in reader.tensors.values():
         table.add_row(tensor.name, tensor.ggml_type.name, " x ".join(map(str, tensor.shape)), human_bytes(tensor.nbytes))
     console.print(table)
+
+
+def status(message: str) -> None:
+    """A progress line on stderr (stdout stays clean for results)."""
+    err_console.print(f"[dim]{message}…[/dim]")
+
+
+def bench_table(results) -> None:
+    """llama-bench's table: model, size, params, backend, threads, test, t/s (mean ± sd)."""
+    table = Table(box=None, header_style="bold")
+    for column in ("model", "size", "params", "backend", "threads", "test", "t/s"):
+        table.add_column(column, justify="right" if column not in ("model", "backend") else "left")
+    for r in results:
+        table.add_row(
+            r.model_type, human_bytes(r.model_size), human_count(r.n_params), r.backend, str(r.n_threads),
+            r.test, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
+        )
+    console.print(table)

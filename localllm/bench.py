@@ -1,0 +1,115 @@
+"""Throughput measurement shaped like llama.cpp's llama-bench.
+
+pp<n>: the prompt-processing test evaluates n random tokens in one batched pass from an empty cache;
+tg<n>: the text-generation test decodes n tokens one at a time from an empty cache (each step feeds the
+previous token back; sampling is left out, as llama-bench leaves it out). Each test runs once untimed to
+warm up (compile or load kernels, fault in the mapped weights), then `repetitions` times.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class BenchResult:
+    """One row, with llama-bench's JSON keys for the numbers two engines are compared on."""
+
+    model_filename: str
+    model_type: str
+    model_size: int
+    n_params: int
+    backend: str
+    n_threads: int
+    n_prompt: int
+    n_gen: int
+    samples_ns: list = field(default_factory=list)
+
+    @property
+    def test(self) -> str:
+        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+
+    @property
+    def samples_ts(self) -> list:
+        n = self.n_prompt or self.n_gen
+        return [n / (ns / 1e9) for ns in self.samples_ns]
+
+    @property
+    def avg_ts(self) -> float:
+        return statistics.mean(self.samples_ts)
+
+    @property
+    def stddev_ts(self) -> float:
+        return statistics.stdev(self.samples_ts) if len(self.samples_ts) > 1 else 0.0
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(test=self.test, avg_ts=self.avg_ts, stddev_ts=self.stddev_ts, samples_ts=self.samples_ts,
+                   avg_ns=int(statistics.mean(self.samples_ns)))
+        return out
+
+
+def _random_tokens(n: int, n_vocab: int, rng) -> np.ndarray:
+    return rng.integers(0, n_vocab, n).astype(np.int32)
+
+
+def time_prompt(model, n_prompt: int, rng) -> int:
+    """Nanoseconds to evaluate n_prompt random tokens from position 0 (chunked as generation does)."""
+    from .generate import PREFILL_CHUNK
+
+    session = model.new_session()
+    tokens = _random_tokens(n_prompt, model.decoder.hp.n_vocab, rng)
+    t0 = time.perf_counter_ns()
+    for start in range(0, n_prompt, PREFILL_CHUNK):
+        model.decoder.forward(tokens[start : start + PREFILL_CHUNK], start, session.cache)
+    return time.perf_counter_ns() - t0
+
+
+def time_generation(model, n_gen: int, rng) -> int:
+    """Nanoseconds to decode n_gen tokens one at a time from position 0."""
+    session = model.new_session()
+    token = _random_tokens(1, model.decoder.hp.n_vocab, rng)
+    t0 = time.perf_counter_ns()
+    for pos in range(n_gen):
+        logits = model.decoder.forward(token, pos, session.cache)
+        token[0] = int(np.argmax(logits[0]))
+    return time.perf_counter_ns() - t0
+
+
+def bench(model_path, n_prompt: int = 512, n_gen: int = 128, threads=(None,), repetitions: int = 5, seed: int = 0, progress=None):
+    """Yield a BenchResult per (thread count, test). `progress(msg)` is called before each test."""
+    import localllm
+
+    rng = np.random.default_rng(seed)
+    for n_threads in threads:
+        model = localllm.load(model_path, n_ctx=max(n_prompt, n_gen) + 16, threads=n_threads)
+        info = _model_info(model)
+        tests = [(n_prompt, 0)] * bool(n_prompt) + [(0, n_gen)] * bool(n_gen)
+        for pp, tg in tests:
+            result = BenchResult(**info, n_threads=model.backend.threads, n_prompt=pp, n_gen=tg)
+            if progress:
+                progress(f"{result.test} at {result.n_threads} thread(s)")
+            run = (lambda: time_prompt(model, pp, rng)) if pp else (lambda: time_generation(model, tg, rng))
+            run()  # warm-up
+            result.samples_ns = [run() for _ in range(repetitions)]
+            yield result
+        model.close()
+
+
+def _model_info(model) -> dict:
+    from .gguf.constants import FILE_TYPES
+
+    reader = model.reader
+    file_type = reader.get("general.file_type")
+    size_label = reader.get("general.size_label") or ""
+    return {
+        "model_filename": str(model.path),
+        "model_type": f"{reader.architecture} {size_label} {FILE_TYPES.get(file_type, '')}".replace("  ", " ").strip(),
+        "model_size": sum(t.nbytes for t in reader.tensors.values()),
+        "n_params": sum(t.n_elements for t in reader.tensors.values()),
+        "backend": model.backend.name,
+    }
