@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""localllm against llama.cpp on the same GGUF, the same threads, in one run, alternating.
+
+    python scripts/bench_vs_llamacpp.py MODEL.gguf --llama-bench PATH [--llama-cli PATH] [-t 1,2] [--rounds 3]
+
+Getting llama.cpp's tools (the `bench` extra, `pip install -e '.[bench]'`, installs llama-cpp-python,
+whose sdist carries llama.cpp's sources; its wheel has no `llama-bench` binary, so build the tools from
+the same sdist):
+
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/llsrc
+    tar xzf /tmp/llsrc/llama_cpp_python-0.3.36.tar.gz -C /tmp/llsrc
+    cd /tmp/llsrc/llama_cpp_python-0.3.36/vendor/llama.cpp
+    cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
+    cmake --build build -j2 --target llama-bench llama-cli        # binaries in build/bin/
+
+What it measures, per round and thread count, each engine in turn (so drift in machine load hits both):
+- pp512 and tg128 tokens/s (`localllm bench --json` and `llama-bench -o json`, the same keys);
+- peak RSS of each benchmark process (os.wait4's rusage of that child);
+- time from process start to the first generated token: a one-token greedy generation (`localllm run
+  -n 1`, `llama-cli -n 1`), warm (Numba's cache filled) and cold (NUMBA_CACHE_DIR emptied: every
+  kernel compiles); llama.cpp has no JIT, so its cold and warm differ only by the page cache.
+Prints medians with min-max, and localllm/llama.cpp ratios; --json writes everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+PROMPT = "The capital of France is"
+
+
+def peak_rss(cmd: list[str], env=None) -> tuple[str, float, int]:
+    """Run cmd and return (stdout, wall seconds, its own peak RSS in bytes) via wait4."""
+    t0 = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        wall = time.perf_counter() - t0
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err.read()[-2000:]}")
+        return out.read(), wall, usage.ru_maxrss * 1024
+
+
+def localllm_bench(model, threads, reps, n_prompt, n_gen):
+    cmd = [sys.executable, "-m", "localllm.cli.app", "bench", model, "-p", str(n_prompt), "-n", str(n_gen),
+           "-t", str(threads), "-r", str(reps), "--json"]
+    out, _, rss = peak_rss(cmd)
+    return json.loads(out), rss
+
+
+def llamacpp_bench(binary, model, threads, reps, n_prompt, n_gen):
+    cmd = [binary, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads), "-r", str(reps), "-o", "json"]
+    out, _, rss = peak_rss(cmd)
+    return json.loads(out), rss
+
+
+def first_token_seconds(cmd, env=None) -> float:
+    _, wall, _ = peak_rss(cmd, env)
+    return wall
+
+
+def summarize(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model")
+    parser.add_argument("--llama-bench", required=True)
+    parser.add_argument("--llama-cli", default=None, help="for time-to-first-token (optional)")
+    parser.add_argument("-t", "--threads", default="1,2")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("-r", "--repetitions", type=int, default=3)
+    parser.add_argument("-p", "--n-prompt", type=int, default=512)
+    parser.add_argument("-n", "--n-gen", type=int, default=128)
+    parser.add_argument("--json", dest="json_path", default=None)
+    args = parser.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+
+    samples: dict = {}  # (engine, test, threads) -> list of tok/s samples
+    rss: dict = {"localllm": [], "llama.cpp": []}
+    for rnd in range(args.rounds):
+        for t in threads:
+            for engine in ("localllm", "llama.cpp") if rnd % 2 == 0 else ("llama.cpp", "localllm"):
+                if engine == "localllm":
+                    rows, peak = localllm_bench(args.model, t, args.repetitions, args.n_prompt, args.n_gen)
+                else:
+                    rows, peak = llamacpp_bench(args.llama_bench, args.model, t, args.repetitions, args.n_prompt, args.n_gen)
+                rss[engine].append(peak)
+                for row in rows:
+                    test = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
+                    samples.setdefault((engine, test, t), []).extend(row["samples_ts"])
+                print(f"round {rnd + 1} {engine} t={t}: " + ", ".join(
+                    f"{('pp' + str(r['n_prompt'])) if r['n_prompt'] else ('tg' + str(r['n_gen']))} {r['avg_ts']:.1f} t/s" for r in rows), flush=True)
+
+    ttft = {}
+    if args.llama_cli:
+        for label in ("warm", "cold"):
+            env = dict(os.environ)
+            values_ours, values_theirs = [], []
+            for _ in range(args.rounds):
+                if label == "cold":
+                    env["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="numba-cold-")
+                values_ours.append(first_token_seconds(
+                    [sys.executable, "-m", "localllm.cli.app", "run", args.model, PROMPT, "-n", "1", "--temperature", "0", "--ctx", "1024"], env))
+                values_theirs.append(first_token_seconds(
+                    [args.llama_cli, "-m", args.model, "-p", PROMPT, "-n", "1", "--temp", "0", "-c", "1024", "-no-cnv"], env))
+            ttft[label] = {"localllm": summarize(values_ours), "llama.cpp": summarize(values_theirs)}
+
+    report = {"model": args.model, "threads": threads, "tests": {}, "peak_rss_bytes": {k: max(v) for k, v in rss.items() if v}, "first_token_seconds": ttft}
+    print(f"\n{'test':>8} {'thr':>4} {'localllm t/s':>22} {'llama.cpp t/s':>22} {'ratio':>8}")
+    for (engine, test, t), values in sorted(samples.items()):
+        if engine != "localllm":
+            continue
+        theirs = samples.get(("llama.cpp", test, t), [])
+        ours_s, theirs_s = summarize(values), summarize(theirs) if theirs else None
+        ratio = ours_s["median"] / theirs_s["median"] if theirs_s else float("nan")
+        report["tests"][f"{test}/t{t}"] = {"localllm": ours_s, "llama.cpp": theirs_s, "ratio": ratio}
+        fmt = lambda s: f"{s['median']:.1f} [{s['min']:.1f}-{s['max']:.1f}]"  # noqa: E731
+        print(f"{test:>8} {t:>4} {fmt(ours_s):>22} {fmt(theirs_s) if theirs_s else '-':>22} {ratio:>7.2f}x")
+    for engine, peak in report["peak_rss_bytes"].items():
+        print(f"peak RSS {engine}: {peak / 2**20:.0f} MiB")
+    for label, both in ttft.items():
+        print(f"start to first token ({label}): localllm {both['localllm']['median']:.2f} s, llama.cpp {both['llama.cpp']['median']:.2f} s")
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(report, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
