@@ -10,12 +10,16 @@ so the error is a few float32 roundings per block, relative to sum |w_i a_i|: bo
 from __future__ import annotations
 
 import gguf
+import numba
 import numpy as np
 import pytest
-
 from conftest import REFERENCE_DIR
+
 from localllm import quant
+from localllm.backends.cpu.matmul import matvec_kernel
+from localllm.errors import TensorError
 from localllm.gguf import GGML_TYPES_BY_NAME
+from localllm.quant import q8_k
 from localllm.quant.activation import QuantizedActivation
 
 DOT_RTOL = 1e-5
@@ -115,6 +119,44 @@ def test_vec_dot_within_stated_tolerance(name):
             assert abs(got - float(weights[r] @ x.astype(np.float64))) <= bound
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_matvec_driver_on_read_only_weights_equals_vec_dot_per_row(name):
+    # Decode runs vec_dot from the parallel matvec driver over memory-mapped (read-only) weights: a
+    # different Numba array type from the writable rows above, so it is compiled and checked separately.
+    rng = np.random.default_rng(5)
+    qt = quant.get(name)
+    raw = random_rows(name, 12, 512, rng, extremes=False)
+    raw.flags.writeable = False
+    args = QuantizedActivation(qt.act, 512).quantize(rng.standard_normal(512).astype(np.float32))
+    out = np.empty(raw.shape[0], dtype=np.float32)
+    matvec_kernel(qt)(raw, out, *args)
+    expected = np.array([qt.vec_dot(np.array(row), *args) for row in raw], dtype=np.float32)
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-30)  # same sums; fast-math may reorder
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+def test_vec_dot_portable_vector_path(name):
+    # These kernels are built from q8_k.VectorCode, which emits AVX2 instructions where the machine has
+    # them and portable vector IR elsewhere: compile an uncached copy with the portable path forced.
+    rng = np.random.default_rng(6)
+    qt = quant.get(name)
+    raw = random_rows(name, 4, 512, rng, extremes=False)
+    weights = qt.dequantize(raw).astype(np.float64)
+    act = QuantizedActivation(qt.act, 512)
+    saved = q8_k.VECTOR_ISA
+    q8_k.VECTOR_ISA = "generic"
+    try:
+        portable = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
+        for r in range(raw.shape[0]):
+            args = act.quantize(rng.standard_normal(512).astype(np.float32))
+            a = dequantized_activation(qt, args, None)
+            got = float(portable(raw[r], *args))
+            assert abs(got - float(weights[r] @ a)) <= DOT_RTOL * float(np.abs(weights[r] * a).sum()) + 1e-30
+    finally:
+        q8_k.VECTOR_ISA = saved
+    assert "pmaddubsw" not in portable.inspect_asm(portable.signatures[0])
+
+
 @pytest.mark.parametrize("name", [n for n in IN_GGUF if quant.get(n).quantize is not None and _gguf_can_quantize(n)])
 def test_quantize_equals_gguf_bit_for_bit(name):
     rng = np.random.default_rng(4)
@@ -125,6 +167,16 @@ def test_quantize_equals_gguf_bit_for_bit(name):
     theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name])
     ours = quant.get(name).quantize(x)
     np.testing.assert_array_equal(ours.reshape(-1), np.asarray(theirs).reshape(-1).view(np.uint8))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rows_that_are_not_whole_blocks_are_refused_with_a_clear_error(name):
+    qt = quant.get(name)
+    with pytest.raises(TensorError, match=name):
+        qt.dequantize(np.zeros((2, qt.type_size + 1), dtype=np.uint8))
+    if qt.quantize is not None and qt.block_size > 1:
+        with pytest.raises(TensorError, match=name):
+            qt.quantize(np.zeros((2, qt.block_size + 1), dtype=np.float32))
 
 
 # -- llama.cpp's own outputs ------------------------------------------------------------------------------
@@ -143,6 +195,9 @@ def test_llamacpp_reference_dequantize_quantize_and_dot(name):
     q = ref["q"].reshape(ref["x"].shape[0], -1)
     np.testing.assert_array_equal(bits(qt.dequantize(q)), bits(ref["deq"].reshape(q.shape[0], -1)))
     if qt.quantize is not None:
+        # llama.cpp made `q` with ggml_quantize_chunk and no importance matrix: the _ref quantizers, the
+        # path every localllm quantizer follows, so no type is an exception (IQ4_NL and IQ4_XS, whose
+        # ggml quantizers always search scales, have no localllm quantizer and no reference file).
         np.testing.assert_array_equal(qt.quantize(ref["x"]).reshape(q.shape), q)
     if "dot" not in ref.files:
         return  # llama.cpp has no vec_dot for this type (Q8_K is only ever an activation format)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import REFERENCE_DIR
+
 from localllm.quant.activation import QuantizedActivation
 
 

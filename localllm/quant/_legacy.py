@@ -1,13 +1,27 @@
-"""NumPy helpers shared by the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1): nibble and high-bit
-packing, and llama.cpp's reference quantization rules (quantize_row_q{4,5}_{0,1}_ref).
+"""What the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1) share: NumPy nibble and high-bit packing,
+llama.cpp's reference quantization rules (quantize_row_q{4,5}_{0,1}_ref), and the integer block dot
+products their vec_dot kernels are built from.
 
 Element order inside a block: byte j of `qs` holds element j in its low nibble and element j+16 in its
 high nibble; bit j of the little-endian uint32 `qh` is the fifth bit of element j.
+
+Why explicit vector code for the dot products: written as plain Numba loops (unpack 16 bytes, multiply,
+add), LLVM unrolls the 16-step inner loop and then vectorises the loop over *blocks*, gathering bytes
+18 apart one by one: 1.5 GB/s for Q4_0, measured, against 10 GB/s for the byte-aligned Q8_0. So each block
+is one short sequence of vector operations (q8_k.VectorCode, shared with the K-quants): load the 16 quant
+bytes, split the nibbles into 32 unsigned lanes (plus the fifth bits for Q5), multiply by the 32 int8
+activations with adjacent pairs summed (vpmaddubsw: exact, as quants <= 31 and |a| <= 127 give pair sums
+<= 2*31*127 < 32767), widen the pairs to int32 (vpmaddwd by ones) and sum the lanes.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .q8_k import VectorCode
 
 BLOCK = 32
 
@@ -37,11 +51,10 @@ def pack_high_bits(q: np.ndarray) -> np.ndarray:
     return np.packbits((q >> np.uint8(4)) & np.uint8(1), axis=1, bitorder="little")
 
 
-def quantize_symmetric(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
+def quantize_symmetric(blocks: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
     """Q4_0 (levels 8) / Q5_0 (levels 16): the signed value of largest magnitude maps to -levels;
     d = max / -levels, q = trunc(x/d + levels + 0.5) clipped to [0, 2*levels-1]. Returns (d f32[nb,1],
-    q uint8[nb,32])."""
-    blocks = np.asarray(x, dtype=np.float32).reshape(-1, BLOCK)
+    q uint8[nb,32]) for blocks: float32[nb, 32]."""
     pick = np.abs(blocks).argmax(axis=1)[:, None]
     vmax = np.take_along_axis(blocks, pick, axis=1)
     d = vmax / np.float32(-levels)
@@ -51,10 +64,9 @@ def quantize_symmetric(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarr
     return d, q.astype(np.uint8)
 
 
-def quantize_affine(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantize_affine(blocks: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q4_1 (levels 15) / Q5_1 (levels 31): d = (max - min) / levels, q = trunc((x - min)/d + 0.5)
-    clipped to [0, levels]. Returns (d, min, q)."""
-    blocks = np.asarray(x, dtype=np.float32).reshape(-1, BLOCK)
+    clipped to [0, levels]. Returns (d, min, q) for blocks: float32[nb, 32]."""
     vmax = blocks.max(axis=1, keepdims=True)
     vmin = blocks.min(axis=1, keepdims=True)
     d = (vmax - vmin) / np.float32(levels)
@@ -67,3 +79,113 @@ def quantize_affine(x: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray,
 def f16_bytes(values: np.ndarray) -> np.ndarray:
     """float32[nb, 1] -> uint8[nb, 2] (round to nearest even half)."""
     return values.astype(np.float16).view(np.uint8)
+
+
+# ----- integer block dot products (Numba intrinsics) -----
+
+
+def _unsigned_block_dot(v: VectorCode, quants, act_type, acts_array, act_index):
+    """sum_j quants[j] * acts[act_index + j] over 32 lanes, as an int32 scalar (quants: <32 x i8>, 0..31)."""
+    acts = v.load(act_type, acts_array, act_index, BLOCK)
+    pairs = v.dot_pairs(quants, acts)
+    return v.sum(v.scale_pairs(pairs, v.constant(1, 16, 16)))
+
+
+def _nibbles(v: VectorCode, array_type, array, index):
+    """The 32 4-bit quants packed in array[index : index + 16], in element order, as <32 x i8>."""
+    packed = v.load(array_type, array, index, 16)
+    return v.join(v.and_(packed, 0x0F), v.shr(packed, 4))
+
+
+def _fifth_bits(v: VectorCode, array_type, array, index):
+    """<32 x i8> holding 16 in lane j where bit j of the little-endian uint32 at array[index:] is set."""
+    builder = v.builder
+    qh = v.load(array_type, array, index, 4)
+    spread = v.shuffle(qh, [j // 8 for j in range(BLOCK)])  # lane j holds byte j // 8 ...
+    selected = builder.and_(spread, ir.Constant(spread.type, [1 << (j % 8) for j in range(BLOCK)]))  # ... its bit j % 8
+    is_set = builder.icmp_unsigned("!=", selected, v.constant(0, BLOCK, 8))
+    return builder.select(is_set, v.constant(16, BLOCK, 8), v.constant(0, BLOCK, 8))
+
+
+@intrinsic
+def q4_block_dot(typingctx, w, qs, aqs, a):
+    """sum_j q_j * aqs[a + j] for the 32 unsigned 4-bit quants (0..15) packed at w[qs : qs + 16], int32."""
+    sig = types.int32(w, qs, aqs, a)
+
+    def codegen(context, builder, signature, args):
+        w_, qs_, aqs_, a_ = args
+        v = VectorCode(context, builder)
+        quants = _nibbles(v, signature.args[0], w_, qs_)
+        return _unsigned_block_dot(v, quants, signature.args[2], aqs_, a_)
+
+    return sig, codegen
+
+
+@intrinsic
+def q5_block_dot(typingctx, w, qh, qs, aqs, a):
+    """sum_j q_j * aqs[a + j] for the 32 unsigned 5-bit quants (0..31) whose fifth bits are the uint32 at
+    w[qh : qh + 4] and low bits the nibbles at w[qs : qs + 16], int32."""
+    sig = types.int32(w, qh, qs, aqs, a)
+
+    def codegen(context, builder, signature, args):
+        w_, qh_, qs_, aqs_, a_ = args
+        v = VectorCode(context, builder)
+        low = _nibbles(v, signature.args[0], w_, qs_)
+        quants = v.or_(low, _fifth_bits(v, signature.args[0], w_, qh_))
+        return _unsigned_block_dot(v, quants, signature.args[3], aqs_, a_)
+
+    return sig, codegen
+
+
+# ----- block dequantizers (Numba intrinsics) -----
+#
+# The same block-at-a-time vector code for dequantize_row: as plain loops it runs at 2 Gelem/s, measured
+# (the same gathers over blocks). Exactness is kept: integer quants convert to float32 exactly, and the
+# multiply (then the add of the minimum) are separate IEEE operations without fast-math flags, in the
+# order of the NumPy reference, so each lane equals d * float(q - zero) [+ m] as computed there.
+
+
+def _splat(builder, value, lanes: int):
+    """A vector of `lanes` copies of a scalar."""
+    vector_type = ir.VectorType(value.type, lanes)
+    single = builder.insert_element(ir.Constant(vector_type, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(single, single, ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes))
+
+
+def _block_dequantizer(five_bits: bool, with_min: bool):
+    """An intrinsic dequantize_block(src, qh, qs, zero, d, m, out, o): out[o : o + 32] = d * (q - zero),
+    plus m if with_min; q = the nibbles at src[qs : qs + 16], with the fifth bits of the uint32 at src[qh:]
+    if five_bits (otherwise qh is ignored, as m is without a minimum)."""
+
+    @intrinsic
+    def dequantize_block(typingctx, src, qh, qs, zero, d, m, out, o):
+        sig = types.void(src, qh, qs, zero, d, m, out, o)
+
+        def codegen(context, builder, signature, args):
+            src_, qh_, qs_, zero_, d_, m_, out_, o_ = args
+            v = VectorCode(context, builder)
+            quants = _nibbles(v, signature.args[0], src_, qs_)
+            if five_bits:
+                quants = v.or_(quants, _fifth_bits(v, signature.args[0], src_, qh_))
+            zero32 = context.cast(builder, zero_, signature.args[3], types.int32)
+            values = builder.sub(v.widen(quants, 32, signed=False), _splat(builder, zero32, BLOCK))
+            floats = builder.sitofp(values, ir.VectorType(ir.FloatType(), BLOCK))
+            scale = context.cast(builder, d_, signature.args[4], types.float32)
+            result = builder.fmul(_splat(builder, scale, BLOCK), floats)
+            if with_min:
+                minimum = context.cast(builder, m_, signature.args[5], types.float32)
+                result = builder.fadd(result, _splat(builder, minimum, BLOCK))
+            data = context.make_array(signature.args[6])(context, builder, out_).data
+            pointer = builder.bitcast(builder.gep(data, [o_]), ir.VectorType(ir.FloatType(), BLOCK).as_pointer())
+            builder.store(result, pointer, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dequantize_block
+
+
+dequantize_q4_block = _block_dequantizer(five_bits=False, with_min=False)
+dequantize_q4_min_block = _block_dequantizer(five_bits=False, with_min=True)
+dequantize_q5_block = _block_dequantizer(five_bits=True, with_min=False)
+dequantize_q5_min_block = _block_dequantizer(five_bits=True, with_min=True)

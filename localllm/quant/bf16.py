@@ -9,11 +9,13 @@ import numpy as np
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, u32_as_f32
+from .q8_k import as_blocks
 
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., 2n] -> float32[..., n]."""
-    return (np.ascontiguousarray(raw).view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    bits = as_blocks(raw, 2, "BF16").view(np.uint16).astype(np.uint32) << np.uint32(16)
+    return bits.view(np.float32).reshape(*np.shape(raw)[:-1], -1)
 
 
 def quantize(x: np.ndarray) -> np.ndarray:

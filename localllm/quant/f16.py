@@ -10,11 +10,13 @@ import numpy as np
 
 from . import QuantType
 from .jit import exact_kernel, f16_to_f32, fast_kernel
+from .q8_k import as_blocks
 
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., 2n] -> float32[..., n]."""
-    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+    values = as_blocks(raw, 2, "F16").view(np.float16).astype(np.float32)
+    return values.reshape(*np.shape(raw)[:-1], -1)
 
 
 def quantize(x: np.ndarray) -> np.ndarray:

@@ -9,11 +9,13 @@ import numpy as np
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel
+from .q8_k import as_blocks
 
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., 4n] -> float32[..., n]."""
-    return np.ascontiguousarray(raw).view(np.float32).copy()
+    values = as_blocks(raw, 4, "F32").view(np.float32).copy()
+    return values.reshape(*np.shape(raw)[:-1], -1)
 
 
 def quantize(x: np.ndarray) -> np.ndarray:

@@ -11,8 +11,17 @@ from __future__ import annotations
 import numpy as np
 
 from . import QuantType
-from ._legacy import f16_bytes, f16_column, pack_nibbles, quantize_symmetric, unpack_nibbles
+from ._legacy import (
+    dequantize_q4_block,
+    f16_bytes,
+    f16_column,
+    pack_nibbles,
+    q4_block_dot,
+    quantize_symmetric,
+    unpack_nibbles,
+)
 from .jit import exact_kernel, fast_kernel, read_f16
+from .q8_k import as_blocks, as_float_blocks
 
 BLOCK = 32
 BLOCK_BYTES = 18
@@ -20,47 +29,36 @@ BLOCK_BYTES = 18
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., nb*18] -> float32[..., nb*32]."""
-    blocks = raw.reshape(-1, BLOCK_BYTES)
+    blocks = as_blocks(raw, BLOCK_BYTES, "Q4_0")
     q = unpack_nibbles(blocks[:, 2:]).astype(np.int8) - np.int8(8)
-    return (f16_column(blocks, 0) * q.astype(np.float32)).reshape(*raw.shape[:-1], -1)
+    return (f16_column(blocks, 0) * q.astype(np.float32)).reshape(*np.shape(raw)[:-1], -1)
 
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """float32[..., n] -> uint8[..., n/32*18], as quantize_row_q4_0_ref."""
-    d, q = quantize_symmetric(x, 8)
+    d, q = quantize_symmetric(as_float_blocks(x, BLOCK, "Q4_0"), 8)
     out = np.concatenate([f16_bytes(d), pack_nibbles(q)], axis=1)
     return out.reshape(*np.shape(x)[:-1], -1)
 
 
 @exact_kernel
 def dequantize_row(src, out):
-    """src: uint8[nb*18] -> out: float32[nb*32]."""
+    """src: uint8[nb*18] -> out: float32[nb*32]; each block d * (q - 8) (vector code: see _legacy)."""
     for b in range(out.shape[0] // BLOCK):
-        d = read_f16(src, b * BLOCK_BYTES)
-        base = b * BLOCK_BYTES + 2
-        for j in range(16):
-            byte = src[base + j]
-            out[b * BLOCK + j] = d * np.float32(np.int32(byte & 0x0F) - 8)
-            out[b * BLOCK + j + 16] = d * np.float32(np.int32(byte >> 4) - 8)
+        base = b * BLOCK_BYTES
+        dequantize_q4_block(src, 0, base + 2, 8, read_f16(src, base), np.float32(0.0), out, b * BLOCK)
 
 
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*18] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
 
-    sum((q - 8) * a) = sum(q * a) - 8 * sum(a): the offset folds into the activation's block sum. The
-    int16 products truncated to int32 let LLVM use vpmaddwd (see q8_0.vec_dot).
+    sum((q - 8) * a) = sum(q * a) - 8 * sum(a): the offset folds into the activation's block sum, so the
+    block dot product runs on the unsigned nibbles (see _legacy for why it is explicit vector code).
     """
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES + 2
-        a0 = b * BLOCK
-        total = np.int32(0)
-        for j in range(16):
-            byte = w[base + j]
-            total = np.int32(total + np.int32(np.int16(byte & 0x0F) * np.int16(aqs[a0 + j])))
-            total = np.int32(total + np.int32(np.int16(byte >> 4) * np.int16(aqs[a0 + 16 + j])))
-        total = np.int32(total - 8 * asum[b])
+        total = q4_block_dot(w, b * BLOCK_BYTES + 2, aqs, b * BLOCK) - 8 * asum[b]
         acc += np.float32(total) * (read_f16(w, b * BLOCK_BYTES) * ad[b])
     return acc
 

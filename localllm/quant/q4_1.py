@@ -13,8 +13,17 @@ from __future__ import annotations
 import numpy as np
 
 from . import QuantType
-from ._legacy import f16_bytes, f16_column, pack_nibbles, quantize_affine, unpack_nibbles
+from ._legacy import (
+    dequantize_q4_min_block,
+    f16_bytes,
+    f16_column,
+    pack_nibbles,
+    q4_block_dot,
+    quantize_affine,
+    unpack_nibbles,
+)
 from .jit import exact_kernel, fast_kernel, read_f16
+from .q8_k import as_blocks, as_float_blocks
 
 BLOCK = 32
 BLOCK_BYTES = 20
@@ -22,43 +31,38 @@ BLOCK_BYTES = 20
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., nb*20] -> float32[..., nb*32]."""
-    blocks = raw.reshape(-1, BLOCK_BYTES)
+    blocks = as_blocks(raw, BLOCK_BYTES, "Q4_1")
     q = unpack_nibbles(blocks[:, 4:]).astype(np.float32)
-    return (f16_column(blocks, 0) * q + f16_column(blocks, 2)).reshape(*raw.shape[:-1], -1)
+    return (f16_column(blocks, 0) * q + f16_column(blocks, 2)).reshape(*np.shape(raw)[:-1], -1)
 
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """float32[..., n] -> uint8[..., n/32*20], as quantize_row_q4_1_ref."""
-    d, vmin, q = quantize_affine(x, 15)
+    d, vmin, q = quantize_affine(as_float_blocks(x, BLOCK, "Q4_1"), 15)
     out = np.concatenate([f16_bytes(d), f16_bytes(vmin), pack_nibbles(q)], axis=1)
     return out.reshape(*np.shape(x)[:-1], -1)
 
 
 @exact_kernel
 def dequantize_row(src, out):
-    """src: uint8[nb*20] -> out: float32[nb*32]."""
+    """src: uint8[nb*20] -> out: float32[nb*32]; each block d * q + m (vector code: see _legacy)."""
     for b in range(out.shape[0] // BLOCK):
-        d = read_f16(src, b * BLOCK_BYTES)
-        m = read_f16(src, b * BLOCK_BYTES + 2)
-        base = b * BLOCK_BYTES + 4
-        for j in range(16):
-            byte = src[base + j]
-            out[b * BLOCK + j] = d * np.float32(byte & 0x0F) + m
-            out[b * BLOCK + j + 16] = d * np.float32(byte >> 4) + m
+        base = b * BLOCK_BYTES
+        d = read_f16(src, base)
+        m = read_f16(src, base + 2)
+        dequantize_q4_min_block(src, 0, base + 4, 0, d, m, out, b * BLOCK)
 
 
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*20] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation."""
+    """w: uint8[nb*20] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
+
+    sum((d*q + m) * d_a*a) = d_a * (d * sum(q*a) + m * sum(a)): one integer block dot product, and the
+    minimum through the activation's block sum.
+    """
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES + 4
-        a0 = b * BLOCK
-        total = np.int32(0)
-        for j in range(16):
-            byte = w[base + j]
-            total = np.int32(total + np.int32(np.int16(byte & 0x0F) * np.int16(aqs[a0 + j])))
-            total = np.int32(total + np.int32(np.int16(byte >> 4) * np.int16(aqs[a0 + 16 + j])))
+        total = q4_block_dot(w, b * BLOCK_BYTES + 4, aqs, b * BLOCK)
         d = read_f16(w, b * BLOCK_BYTES)
         m = read_f16(w, b * BLOCK_BYTES + 2)
         acc += ad[b] * (d * np.float32(total) + m * np.float32(asum[b]))

@@ -13,9 +13,19 @@ from __future__ import annotations
 import numpy as np
 
 from . import QuantType
-from ._legacy import f16_bytes, f16_column, pack_high_bits, pack_nibbles, quantize_affine, unpack_high_bits, unpack_nibbles
+from ._legacy import (
+    dequantize_q5_min_block,
+    f16_bytes,
+    f16_column,
+    pack_high_bits,
+    pack_nibbles,
+    q5_block_dot,
+    quantize_affine,
+    unpack_high_bits,
+    unpack_nibbles,
+)
 from .jit import exact_kernel, fast_kernel, read_f16
-from .q5_0 import _high_bits
+from .q8_k import as_blocks, as_float_blocks
 
 BLOCK = 32
 BLOCK_BYTES = 24
@@ -23,51 +33,38 @@ BLOCK_BYTES = 24
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., nb*24] -> float32[..., nb*32]."""
-    blocks = raw.reshape(-1, BLOCK_BYTES)
+    blocks = as_blocks(raw, BLOCK_BYTES, "Q5_1")
     q = unpack_nibbles(blocks[:, 8:]) | (unpack_high_bits(blocks[:, 4:8]) << np.uint8(4))
-    return (f16_column(blocks, 0) * q.astype(np.float32) + f16_column(blocks, 2)).reshape(*raw.shape[:-1], -1)
+    return (f16_column(blocks, 0) * q.astype(np.float32) + f16_column(blocks, 2)).reshape(*np.shape(raw)[:-1], -1)
 
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """float32[..., n] -> uint8[..., n/32*24], as quantize_row_q5_1_ref."""
-    d, vmin, q = quantize_affine(x, 31)
+    d, vmin, q = quantize_affine(as_float_blocks(x, BLOCK, "Q5_1"), 31)
     out = np.concatenate([f16_bytes(d), f16_bytes(vmin), pack_high_bits(q), pack_nibbles(q)], axis=1)
     return out.reshape(*np.shape(x)[:-1], -1)
 
 
 @exact_kernel
 def dequantize_row(src, out):
-    """src: uint8[nb*24] -> out: float32[nb*32]."""
+    """src: uint8[nb*24] -> out: float32[nb*32]; each block d * q + m (vector code: see _legacy)."""
     for b in range(out.shape[0] // BLOCK):
-        d = read_f16(src, b * BLOCK_BYTES)
-        m = read_f16(src, b * BLOCK_BYTES + 2)
-        qh = _high_bits(src, b * BLOCK_BYTES + 4)
-        base = b * BLOCK_BYTES + 8
-        for j in range(16):
-            byte = src[base + j]
-            lo = np.int32(byte & 0x0F) | np.int32(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
-            hi = np.int32(byte >> 4) | np.int32(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
-            out[b * BLOCK + j] = d * np.float32(lo) + m
-            out[b * BLOCK + j + 16] = d * np.float32(hi) + m
+        base = b * BLOCK_BYTES
+        d = read_f16(src, base)
+        m = read_f16(src, base + 2)
+        dequantize_q5_min_block(src, base + 4, base + 8, 0, d, m, out, b * BLOCK)
 
 
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*24] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation."""
+    """w: uint8[nb*24] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
+    The minimum goes through the activation's block sum, as in q4_1.vec_dot."""
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
-        qh = _high_bits(w, b * BLOCK_BYTES + 4)
-        base = b * BLOCK_BYTES + 8
-        a0 = b * BLOCK
-        total = np.int32(0)
-        for j in range(16):
-            byte = w[base + j]
-            lo = np.int16(byte & 0x0F) | np.int16(((qh >> np.uint32(j)) & np.uint32(1)) << np.uint32(4))
-            hi = np.int16(byte >> 4) | np.int16(((qh >> np.uint32(j + 16)) & np.uint32(1)) << np.uint32(4))
-            total = np.int32(total + np.int32(lo * np.int16(aqs[a0 + j])))
-            total = np.int32(total + np.int32(hi * np.int16(aqs[a0 + 16 + j])))
-        d = read_f16(w, b * BLOCK_BYTES)
-        m = read_f16(w, b * BLOCK_BYTES + 2)
+        base = b * BLOCK_BYTES
+        total = q5_block_dot(w, base + 4, base + 8, aqs, b * BLOCK)
+        d = read_f16(w, base)
+        m = read_f16(w, base + 2)
         acc += ad[b] * (d * np.float32(total) + m * np.float32(asum[b]))
     return acc
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
+from .q8_k import as_blocks, as_float_blocks
 
 BLOCK = 32
 BLOCK_BYTES = 34
@@ -20,7 +21,7 @@ BLOCK_BYTES = 34
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., nb*34] -> float32[..., nb*32]."""
-    blocks = raw.reshape(-1, BLOCK_BYTES)
+    blocks = as_blocks(raw, BLOCK_BYTES, "Q8_0")
     d = blocks[:, :2].copy().view(np.float16).astype(np.float32)
     qs = blocks[:, 2:].view(np.int8).astype(np.float32)
     return (d * qs).reshape(*raw.shape[:-1], -1)
@@ -28,7 +29,7 @@ def dequantize(raw: np.ndarray) -> np.ndarray:
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """float32[..., n] -> uint8[..., n/32*34], as llama.cpp's quantize_row_q8_0_ref (roundf: half away from 0)."""
-    blocks = np.asarray(x, dtype=np.float32).reshape(-1, BLOCK)
+    blocks = as_float_blocks(x, BLOCK, "Q8_0")
     amax = np.abs(blocks).max(axis=1, keepdims=True)
     d = amax / np.float32(127)
     with np.errstate(divide="ignore"):
