@@ -161,7 +161,7 @@ class Model:
         sampling=None,
         session: Optional[Session] = None,
         stop: Optional[list[str]] = None,
-        top_logprobs: int = 0,
+        top_logprobs: Optional[int] = None,
         add_bos: Optional[bool] = None,
         context_shift: bool = False,
         **sampling_options,

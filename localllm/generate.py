@@ -107,9 +107,12 @@ def generate_tokens(
     max_tokens: int,
     n_ctx: int,
     stop: Optional[list[str]] = None,
-    top_logprobs: int = 0,
+    top_logprobs: Optional[int] = None,
 ) -> Iterator[Event]:
-    """Yield a token event per generated token, then one 'done' event with timings."""
+    """Yield a token event per generated token, then one 'done' event with timings.
+
+    top_logprobs None: no log-probabilities (they cost a softmax over the vocabulary per step);
+    0: the chosen token's; n: also the n most likely tokens'."""
     from .sampling import StopMatcher, logprobs as compute_logprobs
     from .tokenizer import StreamDecoder
 
@@ -133,7 +136,7 @@ def generate_tokens(
             finish = "stop"
             break
         lp = top = None
-        if top_logprobs >= 0 and top_logprobs is not None:
+        if top_logprobs is not None:
             lp, top = compute_logprobs(logits, token, top_logprobs)
         history.append(token)
         text, stopped = stops.feed(detok.feed(token))

@@ -1,0 +1,195 @@
+"""Built-in chat templates, for GGUF files that carry no `tokenizer.chat_template`.
+
+Each is a Jinja template written for localllm that renders the same text as the family's official
+template (the `chat_template` of the models' tokenizer_config.json on Hugging Face) for conversations
+of plain-text system/user/assistant messages; tests/test_templates.py checks that against the official
+texts kept in tests/data/chat_templates/. They are rendered by the same sandbox as a file's own
+template, with the variables HF passes (messages, add_generation_prompt, bos_token, eos_token).
+
+Formats, for a conversation [system S, user U1, assistant A1, user U2] with a generation prompt
+(`\n` is a newline):
+
+    gemma    <bos><start_of_turn>user\nS\n\nU1<end_of_turn>\n<start_of_turn>model\nA1<end_of_turn>\n
+             <start_of_turn>user\nU2<end_of_turn>\n<start_of_turn>model\n
+             (Gemma 2/3: no system role, the system text opens the first user turn; contents trimmed)
+    chatml   <|im_start|>system\nS<|im_end|>\n<|im_start|>user\nU1<|im_end|>\n ... <|im_start|>assistant\n
+    llama3   <|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|> ...
+             <|start_header_id|>assistant<|end_header_id|>\n\n     (contents trimmed)
+    llama2   <s>[INST] <<SYS>>\nS\n<</SYS>>\n\nU1 [/INST] A1 </s><s>[INST] U2 [/INST]   (trimmed)
+    mistral  <s> [INST] S\n\nU1 [/INST] A1</s> [INST] U2 [/INST]     (Mistral tokenizer "v1")
+    phi3     <|system|>\nS<|end|>\n<|user|>\nU1<|end|>\n<|assistant|>\nA1<|end|>\n ... <|assistant|>\n
+    zephyr   <|system|>\nS</s>\n<|user|>\nU1</s>\n<|assistant|>\nA1</s>\n ... <|assistant|>\n
+
+llama2 and mistral end with "[/INST]" whether or not a generation prompt is asked for (that is their
+prompt); phi3 ends with EOS when none is asked for, as its official template does. Templates whose
+official form insists on alternating user/assistant turns raise (via raise_exception) when they do not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BuiltinTemplate:
+    name: str
+    source: str
+    # Used when neither the caller nor the file's metadata names the BOS/EOS token text.
+    default_bos: str
+    default_eos: str
+
+
+# Shared piece: split a leading system message off, leaving `turns` to loop over.
+_SPLIT_SYSTEM = """\
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set system_text = messages[0]['content'] -%}
+    {%- set turns = messages[1:] -%}
+{%- else -%}
+    {%- set system_text = none -%}
+    {%- set turns = messages -%}
+{%- endif -%}
+"""
+
+# After the optional system message, user turns at even positions and assistant turns at odd ones.
+_REQUIRE_ALTERNATION = """\
+    {%- if (message['role'] == 'user') != (loop.index0 is even) -%}
+        {{- raise_exception('roles must alternate user/assistant/user/... after an optional first system message') -}}
+    {%- endif -%}
+"""
+
+GEMMA = BuiltinTemplate(
+    name="gemma",
+    default_bos="<bos>",
+    default_eos="<eos>",
+    source="{{- bos_token -}}\n"
+    + _SPLIT_SYSTEM
+    + """\
+{%- for message in turns -%}
+"""
+    + _REQUIRE_ALTERNATION
+    + """\
+    {%- set speaker = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {{- '<start_of_turn>' + speaker + '\\n' -}}
+    {%- if loop.first and system_text is not none -%}{{- system_text + '\\n\\n' -}}{%- endif -%}
+    {{- message['content'] | trim -}}
+    {{- '<end_of_turn>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<start_of_turn>model\\n' -}}
+{%- endif -%}
+""",
+)
+
+CHATML = BuiltinTemplate(
+    name="chatml",
+    default_bos="",
+    default_eos="<|im_end|>",
+    source="""\
+{%- for message in messages -%}
+    {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant\\n' -}}
+{%- endif -%}
+""",
+)
+
+LLAMA3 = BuiltinTemplate(
+    name="llama3",
+    default_bos="<|begin_of_text|>",
+    default_eos="<|eot_id|>",
+    source="""\
+{{- bos_token -}}
+{%- for message in messages -%}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' -}}
+    {{- message['content'] | trim -}}
+    {{- '<|eot_id|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}
+{%- endif -%}
+""",
+)
+
+LLAMA2 = BuiltinTemplate(
+    name="llama2",
+    default_bos="<s>",
+    default_eos="</s>",
+    source=_SPLIT_SYSTEM
+    + """\
+{%- for message in turns -%}
+"""
+    + _REQUIRE_ALTERNATION
+    + """\
+    {%- set text = message['content'] -%}
+    {%- if loop.first and system_text is not none -%}
+        {%- set text = '<<SYS>>\\n' + system_text + '\\n<</SYS>>\\n\\n' + text -%}
+    {%- endif -%}
+    {%- if message['role'] == 'user' -%}
+        {{- bos_token + '[INST] ' + (text | trim) + ' [/INST]' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- ' ' + (text | trim) + ' ' + eos_token -}}
+    {%- endif -%}
+{%- endfor -%}
+""",
+)
+
+MISTRAL = BuiltinTemplate(
+    name="mistral",
+    default_bos="<s>",
+    default_eos="</s>",
+    source=_SPLIT_SYSTEM
+    + """\
+{{- bos_token -}}
+{%- for message in turns -%}
+"""
+    + _REQUIRE_ALTERNATION
+    + """\
+    {%- if message['role'] == 'user' -%}
+        {{- ' [INST] ' -}}
+        {%- if loop.first and system_text is not none -%}{{- system_text + '\\n\\n' -}}{%- endif -%}
+        {{- message['content'] + ' [/INST]' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- ' ' + message['content'] + eos_token -}}
+    {%- else -%}
+        {{- raise_exception('only user and assistant turns may follow the optional first system message') -}}
+    {%- endif -%}
+{%- endfor -%}
+""",
+)
+
+PHI3 = BuiltinTemplate(
+    name="phi3",
+    default_bos="<s>",
+    default_eos="<|endoftext|>",
+    source="""\
+{%- for message in messages -%}
+    {%- if message['role'] in ('system', 'user', 'assistant') -%}
+        {{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|assistant|>\\n' -}}
+{%- else -%}
+    {{- eos_token -}}
+{%- endif -%}
+""",
+)
+
+ZEPHYR = BuiltinTemplate(
+    name="zephyr",
+    default_bos="<s>",
+    default_eos="</s>",
+    source="""\
+{%- for message in messages -%}
+    {%- if message['role'] in ('system', 'user', 'assistant') -%}
+        {{- '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|assistant|>\\n' -}}
+{%- endif -%}
+""",
+)
+
+BUILTINS: dict[str, BuiltinTemplate] = {t.name: t for t in (GEMMA, CHATML, LLAMA3, LLAMA2, MISTRAL, PHI3, ZEPHYR)}

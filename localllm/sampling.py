@@ -1,0 +1,356 @@
+"""Token sampling: logits -> the next token id; log-probabilities; stop strings.
+
+The chain is llama.cpp's default order (common/sampling.cpp), each step working on the candidates the
+previous one left:
+
+    logit bias -> penalties -> top-k -> typical-p -> top-p -> min-p -> temperature -> draw
+
+- logit bias: `logit[id] += bias` (-inf bans a token; a large positive bias forces it).
+- penalties, over the last `repeat_last_n` tokens of the history (-1: all of it, 0: none):
+  repetition (CTRL paper, as llama.cpp): every token seen has a positive logit divided by
+  `repeat_penalty` and a negative one multiplied by it; frequency/presence (OpenAI):
+  `logit -= count * frequency_penalty + (count > 0) * presence_penalty`.
+- top-k keeps the k largest logits (0: off). typical-p, top-p and min-p measure probabilities with the
+  softmax of the *current candidates at temperature 1* (temperature is applied after them, as in
+  llama.cpp):
+  typical-p keeps the tokens whose surprise -log p is closest to the entropy, fewest first, until their
+  probability reaches `typical_p` (1: off); top-p keeps the smallest most-likely prefix whose probability
+  reaches `top_p` (1: off); min-p drops tokens with p < min_p * p_max (0: off). Each keeps >= 1 token.
+- temperature divides the survivors' logits, and a token is drawn from their softmax with the sampler's
+  own `numpy.random.Generator(PCG64(seed))`. temperature <= 0 is greedy: argmax after bias and
+  penalties, no randomness used.
+
+Cost at a 262,144-token vocabulary with default settings: one argpartition (top-k) over the logits and
+work on 40 candidates, well under a millisecond; the caller's logits are never written (bias and
+penalties work on a copy, made only when they are active).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import LocalLLMError
+
+# Above this many candidates, top-p sorts progressively (largest first) instead of sorting them all.
+_PARTIAL_SORT_START = 1024
+
+
+class SamplingError(LocalLLMError, ValueError):
+    """A sampling option out of range, or logits that cannot be sampled from.
+
+    Also a ValueError, so option parsers that report ValueErrors as bad parameters report these too."""
+
+
+def _require(ok: bool, name: str, allowed: str, value) -> None:
+    if not ok:
+        raise SamplingError(f"{name} must be {allowed} (got {value!r})")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    max_tokens: int = 256  # the generation loop's; the Sampler does not read it
+    stop: list[str] | None = None
+
+    def __post_init__(self):
+        def number(name: str, low: float, high: float, allowed: str) -> None:
+            value = getattr(self, name)
+            _require(_is_number(value) and math.isfinite(value) and low <= value <= high, name, allowed, value)
+
+        number("temperature", 0.0, math.inf, "a number >= 0 (0 = greedy)")
+        number("top_p", 0.0, 1.0, "between 0 and 1 (1 = off)")
+        number("min_p", 0.0, 1.0, "between 0 and 1 (0 = off)")
+        number("typical_p", 0.0, 1.0, "between 0 and 1 (1 = off)")
+        number("repeat_penalty", 1e-6, math.inf, "a number > 0 (1 = off)")
+        number("frequency_penalty", -2.0, 2.0, "between -2 and 2 (0 = off)")
+        number("presence_penalty", -2.0, 2.0, "between -2 and 2 (0 = off)")
+        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)", self.top_k)
+        _require(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1, "repeat_last_n",
+                 "an integer >= -1 (-1 = the whole history, 0 = off)", self.repeat_last_n)
+        _require(_is_int(self.max_tokens) and self.max_tokens >= 0, "max_tokens", "an integer >= 0", self.max_tokens)
+        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), "seed",
+                 "None or an integer between 0 and 2**64 - 1", self.seed)
+        self.logit_bias = self._checked_logit_bias(self.logit_bias)
+        self.stop = self._checked_stop(self.stop)
+
+    @staticmethod
+    def _checked_logit_bias(bias) -> dict[int, float] | None:
+        """{token id: bias}; ids may be given as decimal strings (JSON objects have string keys)."""
+        if bias is None:
+            return None
+        _require(isinstance(bias, dict), "logit_bias", "a dict {token id: bias}", bias)
+        checked = {}
+        for key, value in bias.items():
+            token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
+            _require(_is_int(token) and token >= 0, "logit_bias", "keyed by token ids >= 0", key)
+            _require(_is_number(value) and (math.isfinite(value) or value == -math.inf), "logit_bias",
+                     "finite numbers, or -inf to ban a token", value)
+            checked[int(token)] = float(value)
+        return checked
+
+    @staticmethod
+    def _checked_stop(stop) -> list[str] | None:
+        if stop is None:
+            return None
+        if isinstance(stop, str):
+            stop = [stop]
+        stop = list(stop)
+        _require(all(isinstance(s, str) for s in stop), "stop", "a list of strings", stop)
+        return stop
+
+
+# -- the chain's steps, on candidate arrays (ids, logits) -------------------------------------------------
+
+
+def _softmax64(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits.astype(np.float64) - float(np.max(logits)))
+    return shifted / shifted.sum()
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest finite scores (all finite ones when k is 0 or >= their number)."""
+    n = scores.shape[0]
+    if 0 < k < n:
+        ids = np.argpartition(scores, n - k)[n - k :]
+    else:
+        ids = np.arange(n)
+    finite = np.isfinite(scores[ids])
+    return ids if finite.all() else ids[finite]
+
+
+def _typical(logits: np.ndarray, mass: float) -> np.ndarray:
+    """Locally typical sampling (Meister et al.): keep tokens whose -log p is closest to the entropy H,
+    in that order, until their probability reaches `mass`."""
+    probs = _softmax64(logits)
+    log_probs = np.log(np.maximum(probs, np.finfo(np.float64).tiny))
+    entropy = -np.sum(probs * log_probs)
+    order = np.argsort(np.abs(-log_probs - entropy), kind="stable")
+    keep = int(np.searchsorted(np.cumsum(probs[order]), mass, side="left")) + 1
+    return order[: min(max(keep, 1), order.size)]
+
+
+def _top_p(logits: np.ndarray, mass: float, at_most: int | None = None) -> np.ndarray:
+    """Indices (into `logits`) of the smallest most-likely set whose probability reaches `mass`.
+
+    Only the leading part of the sorted order matters, so large candidate sets are sorted in growing
+    chunks of their largest elements (argpartition) until a chunk's probability reaches `mass`.
+    `at_most`: only that many leading tokens can survive later anyway (min-p's count), so the search
+    stops there, keeping them all when they do not reach `mass`. Probabilities are normalized over all
+    of `logits` either way."""
+    n = logits.size
+    limit = n if at_most is None else max(1, min(n, at_most))
+    weights = np.exp(logits.astype(np.float64) - float(np.max(logits)))
+    total = weights.sum()
+    chunk = min(limit, _PARTIAL_SORT_START)
+    while True:
+        head = np.argpartition(logits, n - chunk)[n - chunk :] if chunk < n else np.arange(n)
+        head = head[np.argsort(-logits[head], kind="stable")]
+        cumulative = np.cumsum(weights[head]) / total
+        if cumulative[-1] >= mass or chunk == limit:
+            keep = int(np.searchsorted(cumulative, mass, side="left")) + 1
+            return head[: min(keep, head.size)]
+        chunk = min(limit, chunk * 8)
+
+
+def _min_p(logits: np.ndarray, ratio: float) -> np.ndarray:
+    """Indices of the tokens with p >= ratio * p_max, i.e. logit >= max_logit + log(ratio)."""
+    return np.flatnonzero(logits.astype(np.float64) >= float(np.max(logits)) + math.log(ratio))
+
+
+class Sampler:
+    """Picks next tokens with one SamplingConfig; owns its random generator (seeded: reproducible)."""
+
+    def __init__(self, config: SamplingConfig, n_vocab: int):
+        _require(_is_int(n_vocab) and n_vocab > 0, "n_vocab", "a positive integer", n_vocab)
+        self.config = config
+        self.n_vocab = int(n_vocab)
+        # PCG64(None) draws its seed from the OS's entropy source.
+        self.rng = np.random.Generator(np.random.PCG64(config.seed))
+        bias = config.logit_bias or {}
+        too_large = [t for t in bias if t >= self.n_vocab]
+        _require(not too_large, "logit_bias", f"keyed by token ids < {self.n_vocab} (the vocabulary size)", too_large[:5])
+        self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
+        self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+
+    # -- public -----------------------------------------------------------------------------------------
+    def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
+        """The next token id for float32[n_vocab] logits, given the tokens so far (prompt + generated)."""
+        scores = self.adjusted(logits, history)
+        best = float(np.max(scores))
+        if math.isnan(best):
+            raise SamplingError("the logits contain NaN")
+        if best == -math.inf:
+            raise SamplingError("every token is banned (all logits are -inf after logit_bias)")
+        if self.config.temperature <= 0:
+            return int(np.argmax(scores))
+        ids, logits_kept = self.candidates(scores)
+        return int(ids[self._draw(logits_kept / np.float32(self.config.temperature))])
+
+    def candidates(self, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (ids, logits) that top-k, typical-p, top-p and min-p leave of `scores` (already biased and
+        penalized), before temperature. Exposed for tests and for inspection."""
+        cfg = self.config
+        ids = _top_k(scores, cfg.top_k)
+        kept = scores[ids]
+        if cfg.typical_p < 1.0 and ids.size > 1:
+            pick = _typical(kept, cfg.typical_p)
+            ids, kept = ids[pick], kept[pick]
+        if cfg.top_p < 1.0 and ids.size > 1:
+            # min-p (next) keeps the tokens above a logit threshold set by the maximum, which top-p never
+            # removes: so only those can survive both, and top-p need not sort past them.
+            survivors = _min_p(kept, cfg.min_p).size if cfg.min_p > 0.0 else None
+            pick = _top_p(kept, cfg.top_p, at_most=survivors)
+            ids, kept = ids[pick], kept[pick]
+        if cfg.min_p > 0.0 and ids.size > 1:
+            pick = _min_p(kept, cfg.min_p)
+            ids, kept = ids[pick], kept[pick]
+        return ids, kept
+
+    def adjusted(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The logits after logit bias and penalties: a new array when either changes anything, else
+        the caller's own (float32) array, which is never written."""
+        scores = np.asarray(logits)
+        if scores.shape != (self.n_vocab,):
+            raise SamplingError(f"logits must have shape ({self.n_vocab},), got {scores.shape}")
+        converted = scores.dtype != np.float32
+        if converted:
+            scores = scores.astype(np.float32)  # a new array, ours to change
+        window = self._penalty_window(history)
+        if self._bias_ids.size == 0 and window is None:
+            return scores  # nothing to change, so no copy
+        if not converted:
+            scores = scores.copy()  # never write the caller's logits
+        if self._bias_ids.size:
+            scores[self._bias_ids] += self._bias_values
+        if window is not None:
+            self._penalize(scores, window)
+        return scores
+
+    # -- steps ---------------------------------------------------------------------------------------------
+    def _penalty_window(self, history: Sequence[int]) -> np.ndarray | None:
+        cfg = self.config
+        active = cfg.repeat_penalty != 1.0 or cfg.frequency_penalty != 0.0 or cfg.presence_penalty != 0.0
+        if not active or cfg.repeat_last_n == 0 or len(history) == 0:
+            return None
+        recent = history if cfg.repeat_last_n == -1 else history[-cfg.repeat_last_n :]
+        window = np.asarray(recent, dtype=np.int64)
+        window = window[(window >= 0) & (window < self.n_vocab)]
+        return window if window.size else None
+
+    def _penalize(self, scores: np.ndarray, window: np.ndarray) -> None:
+        cfg = self.config
+        ids, counts = np.unique(window, return_counts=True)
+        seen = scores[ids]
+        if cfg.repeat_penalty != 1.0:
+            penalty = np.float32(cfg.repeat_penalty)
+            seen = np.where(seen > 0, seen / penalty, seen * penalty)
+        if cfg.frequency_penalty != 0.0 or cfg.presence_penalty != 0.0:
+            seen = seen - (counts * cfg.frequency_penalty + cfg.presence_penalty).astype(np.float32)
+        scores[ids] = seen
+
+    def _draw(self, logits: np.ndarray) -> int:
+        """Index drawn from softmax(logits): one uniform number against the cumulative weights."""
+        if logits.size == 1:
+            return 0
+        weights = np.exp(logits.astype(np.float64) - float(np.max(logits)))
+        cumulative = np.cumsum(weights)
+        point = self.rng.random() * cumulative[-1]
+        return min(int(np.searchsorted(cumulative, point, side="right")), logits.size - 1)
+
+
+# -- log-probabilities ---------------------------------------------------------------------------------------
+
+
+def logprobs(logits: np.ndarray, token: int, top_n: int) -> tuple[float, list[tuple[int, float]]]:
+    """log softmax(logits)[token], and the top_n (id, logprob) pairs, most likely first ([] for top_n 0).
+
+    The normalizer is summed in float64 over float32 exponentials: about 1e-7 relative error, at a
+    fraction of a full float64 pass's cost (this runs every decode step)."""
+    x = np.asarray(logits)
+    if x.ndim != 1 or x.size == 0:
+        raise SamplingError(f"logits must be a non-empty 1-D array, got shape {x.shape}")
+    _require(_is_int(token) and 0 <= token < x.size, "token", f"an id between 0 and {x.size - 1}", token)
+    _require(_is_int(top_n) and top_n >= 0, "top_n", "an integer >= 0", top_n)
+    peak = float(np.max(x))
+    log_normalizer = peak + math.log(float(np.exp(x - np.float32(peak), dtype=np.float32).sum(dtype=np.float64)))
+    chosen = float(x[token]) - log_normalizer
+    if top_n == 0:
+        return chosen, []
+    n = min(int(top_n), x.size)
+    head = np.argpartition(x, x.size - n)[x.size - n :]
+    head = head[np.argsort(-x[head], kind="stable")]
+    return chosen, [(int(i), float(x[i]) - log_normalizer) for i in head]
+
+
+# -- stop strings -----------------------------------------------------------------------------------------------
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string, holding back text that might be the start of one.
+
+    feed(text) returns (text safe to emit now, stopped). A suffix of what has been fed that is a prefix
+    of some stop string is held back until later text decides it; on a match, the text before the stop
+    string is returned with True, and every later feed returns ("", True). flush() returns the held-back
+    text when generation ends without a stop. Empty stop strings are ignored.
+
+    A stop string counts as soon as it is complete, as in llama.cpp: with stops "abcd" and "c", the text
+    "abc" stops at "c" even though "abcd" might have begun earlier. Otherwise the result does not depend
+    on how the text is split into feeds."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in dict.fromkeys(stops or []) if s]
+        self.stopped = False
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        if self.stopped:
+            return "", True
+        buffer = self._held + text
+        if not self.stops:
+            return buffer, False
+        first = min((i for i in (buffer.find(s) for s in self.stops) if i >= 0), default=-1)
+        if first >= 0:
+            self.stopped = True
+            self._held = ""
+            return buffer[:first], True
+        hold = self._longest_partial_stop(buffer)
+        self._held = buffer[len(buffer) - hold :] if hold else ""
+        return buffer[: len(buffer) - hold], False
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        held, self._held = self._held, ""
+        return held
+
+    def _longest_partial_stop(self, buffer: str) -> int:
+        """Length of the longest suffix of `buffer` that is a proper prefix of a stop string."""
+        longest = 0
+        for stop in self.stops:
+            for length in range(min(len(stop) - 1, len(buffer)), longest, -1):
+                if buffer.endswith(stop[:length]):
+                    longest = length
+                    break
+        return longest

@@ -1,0 +1,387 @@
+"""Chat templates: built-ins against the models' official templates, the file-template path, the sandbox.
+
+Oracles:
+- tests/data/chat_templates/*.jinja: the official `chat_template` texts from the models' tokenizer_config.json
+  (SOURCES.md says where each was read). They are rendered here by a plain jinja2 Environment set up as HF
+  transformers sets up its own (trim_blocks, lstrip_blocks, loopcontrols; raise_exception, strftime_now),
+  i.e. without any localllm code, and compared with localllm's independently written built-ins.
+- llama.cpp's tests/test-chat-template.cpp expected outputs for its six-message conversation (copied
+  below as literals), a second, independent statement of several of the formats.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import tracemalloc
+from datetime import datetime
+from pathlib import Path
+
+import jinja2
+import jinja2.ext
+import pytest
+
+from localllm.chat.builtin import BUILTINS
+from localllm.chat.templates import MAX_OUTPUT_CHARS, ChatTemplate, choose_builtin
+from localllm.errors import LocalLLMError, TemplateError
+
+OFFICIAL_DIR = Path(__file__).parent / "data" / "chat_templates"
+
+SYSTEM = {"role": "system", "content": "You are a helpful assistant"}
+# The conversation of the brief: system, user, assistant, user.
+TWO_TURNS = [
+    SYSTEM,
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi there"},
+    {"role": "user", "content": "Who are you"},
+]
+NO_SYSTEM = TWO_TURNS[1:]
+# Surrounding whitespace shows which families trim contents and which keep them verbatim.
+UNTRIMMED = [
+    {"role": "system", "content": "  Be brief.\n"},
+    {"role": "user", "content": " Hello\n"},
+    {"role": "assistant", "content": "   I am an assistant   "},
+    {"role": "user", "content": "Another question"},
+]
+SINGLE_USER = [{"role": "user", "content": "Grüße, 世界 🌍 — \"quotes\" & <tags>"}]
+
+CONVERSATIONS = {"two_turns": TWO_TURNS, "no_system": NO_SYSTEM, "untrimmed": UNTRIMMED, "single_user": SINGLE_USER}
+WITH_SYSTEM = ("two_turns", "untrimmed")
+WITHOUT_SYSTEM = ("no_system", "single_user")
+
+
+def official_render(name: str, messages, add_generation_prompt: bool, bos: str, eos: str, tools=None) -> str:
+    """Render an official template the way HF transformers does, with plain jinja2 (no localllm code)."""
+
+    def raise_exception(message):
+        raise ValueError(message)
+
+    def hf_tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # transformers' chat-template tojson: json.dumps without jinja2's HTML escaping or key sorting
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = hf_tojson
+    template = env.from_string((OFFICIAL_DIR / name).read_text(encoding="utf-8"))
+    return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos, tools=tools)
+
+
+# (built-in, official file, the BOS and EOS texts of that model family, conversations it is compared on)
+PAIRS = [
+    ("gemma", "gemma3.jinja", "<bos>", "<eos>", tuple(CONVERSATIONS)),
+    ("gemma", "gemma2.jinja", "<bos>", "<eos>", WITHOUT_SYSTEM),  # Gemma 2 refuses a system role
+    ("chatml", "chatml.jinja", "", "<|im_end|>", tuple(CONVERSATIONS)),
+    ("chatml", "qwen2.5.jinja", "", "<|im_end|>", WITH_SYSTEM),  # Qwen2.5 invents a system prompt when absent
+    ("llama3", "llama3.jinja", "<|begin_of_text|>", "<|eot_id|>", tuple(CONVERSATIONS)),
+    ("llama2", "llama2.jinja", "<s>", "</s>", tuple(CONVERSATIONS)),
+    ("mistral", "mistral.jinja", "<s>", "</s>", tuple(CONVERSATIONS)),
+    ("phi3", "phi3.jinja", "<s>", "<|endoftext|>", tuple(CONVERSATIONS)),
+    ("zephyr", "zephyr.jinja", "<s>", "</s>", tuple(CONVERSATIONS)),
+]
+
+
+def pair_cases():
+    for builtin, official, bos, eos, conversations in PAIRS:
+        for conversation in conversations:
+            for gen in (True, False):
+                yield pytest.param(builtin, official, bos, eos, conversation, gen, id=f"{builtin}-{official}-{conversation}-gen{int(gen)}")
+
+
+@pytest.mark.parametrize("builtin,official,bos,eos,conversation,gen", list(pair_cases()))
+def test_builtin_renders_what_the_official_template_renders(builtin, official, bos, eos, conversation, gen):
+    messages = CONVERSATIONS[conversation]
+    expected = official_render(official, messages, gen, bos, eos)
+    assert ChatTemplate.builtin(builtin, bos, eos).apply(messages, add_generation_prompt=gen) == expected
+
+
+def test_every_builtin_is_checked_against_an_official_template():
+    assert {pair[0] for pair in PAIRS} == set(BUILTINS)
+
+
+def test_builtins_use_the_family_bos_and_eos_when_none_is_given():
+    # Official Gemma 3 template with its tokenizer's BOS "<bos>", versus our built-in with no tokens given.
+    expected = official_render("gemma3.jinja", TWO_TURNS, True, "<bos>", "<eos>")
+    assert ChatTemplate.builtin("gemma").apply(TWO_TURNS) == expected
+    assert ChatTemplate.builtin("gemma").apply(TWO_TURNS).startswith("<bos><start_of_turn>user\n")
+
+
+# llama.cpp tests/test-chat-template.cpp: the same six messages rendered by each format, with no BOS.
+LLAMA_CPP_CONVERSATION = [
+    {"role": "system", "content": "You are a helpful assistant"},
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi there"},
+    {"role": "user", "content": "Who are you"},
+    {"role": "assistant", "content": "   I am an assistant   "},
+    {"role": "user", "content": "Another question"},
+]
+LLAMA_CPP_EXPECTED = {
+    "chatml": "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\nHi there<|im_end|>\n<|im_start|>user\nWho are you<|im_end|>\n<|im_start|>assistant\n   I am an assistant   <|im_end|>\n<|im_start|>user\nAnother question<|im_end|>\n<|im_start|>assistant\n",
+    "gemma": "<start_of_turn>user\nYou are a helpful assistant\n\nHello<end_of_turn>\n<start_of_turn>model\nHi there<end_of_turn>\n<start_of_turn>user\nWho are you<end_of_turn>\n<start_of_turn>model\nI am an assistant<end_of_turn>\n<start_of_turn>user\nAnother question<end_of_turn>\n<start_of_turn>model\n",
+    "llama3": "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "phi3": "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n<|assistant|>\n   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n<|assistant|>\n",
+    "mistral": " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]    I am an assistant   </s> [INST] Another question [/INST]",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LLAMA_CPP_EXPECTED))
+def test_builtin_agrees_with_llama_cpp_expected_output(name):
+    template = ChatTemplate.builtin(name, eos_token="</s>")
+    rendered = template.apply(LLAMA_CPP_CONVERSATION)
+    # llama.cpp renders without a BOS; ours starts with the family's BOS text where the format has one.
+    bos = {"chatml": "", "gemma": "<bos>", "llama3": "<|begin_of_text|>", "mistral": "<s>", "phi3": ""}[name]
+    assert rendered == bos + LLAMA_CPP_EXPECTED[name]
+
+
+def test_gemma_builtin_refuses_non_alternating_roles_like_the_official_one():
+    messages = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(ValueError):
+        official_render("gemma3.jinja", messages, True, "<bos>", "<eos>")
+    with pytest.raises(TemplateError, match="alternate"):
+        ChatTemplate.builtin("gemma").apply(messages)
+
+
+# -- choosing a template from GGUF metadata ------------------------------------------------------------------
+
+
+def test_file_template_is_used_and_rendered_like_hf():
+    source = (OFFICIAL_DIR / "gemma3.jinja").read_text(encoding="utf-8")
+    template = ChatTemplate.from_metadata({"general.architecture": "gemma3", "tokenizer.chat_template": source}, bos_token="<bos>", eos_token="<eos>")
+    assert template.name == "gguf" and template.source == source
+    for messages in CONVERSATIONS.values():
+        assert template.apply(messages) == official_render("gemma3.jinja", messages, True, "<bos>", "<eos>")
+
+
+def test_file_template_gets_strftime_now_and_tools_none():
+    # Llama 3.2's template dates the system prompt with strftime_now("%d %b %Y") and tests `tools is not none`.
+    source = (OFFICIAL_DIR / "llama3.2.jinja").read_text(encoding="utf-8")
+    template = ChatTemplate.from_metadata({"general.architecture": "llama", "tokenizer.chat_template": source}, bos_token="<|begin_of_text|>")
+    rendered = template.apply(TWO_TURNS)
+    assert rendered == official_render("llama3.2.jinja", TWO_TURNS, True, "<|begin_of_text|>", "")
+    assert f"Today Date: {datetime.now().strftime('%d %b %Y')}\n\nYou are a helpful assistant<|eot_id|>" in rendered
+
+
+def test_llama32_template_with_tools_matches_plain_jinja():
+    # The tools go into the first user message, each dumped with tojson(indent=4).
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"city": {"type": "string"}}}}
+    source = (OFFICIAL_DIR / "llama3.2.jinja").read_text(encoding="utf-8")
+    rendered = ChatTemplate(source, "gguf", "<|begin_of_text|>").apply(TWO_TURNS, tools=[tool])
+    assert rendered == official_render("llama3.2.jinja", TWO_TURNS, True, "<|begin_of_text|>", "", tools=[tool])
+    assert json.dumps(tool, indent=4) in rendered
+
+
+def test_qwen_template_renders_tools_with_hf_tojson():
+    # With tools, Qwen2.5's template dumps each with `tojson`; HF's tojson is json.dumps(ensure_ascii=False).
+    tool = {"type": "function", "function": {"name": "météo", "parameters": {"b": 1, "a": [True, None]}}}
+    template = ChatTemplate((OFFICIAL_DIR / "qwen2.5.jinja").read_text(encoding="utf-8"), "gguf")
+    rendered = template.apply(NO_SYSTEM, tools=[tool])
+    assert "<tools>\n" + json.dumps(tool, ensure_ascii=False) + "\n</tools>" in rendered
+
+
+def tokens_with(*specials):
+    return ["<pad>", "</s>", "<s>", "hello", *specials]
+
+
+@pytest.mark.parametrize(
+    "meta,expected",
+    [
+        ({"general.architecture": "gemma3"}, "gemma"),
+        ({"general.architecture": "gemma2"}, "gemma"),
+        ({"general.architecture": "gemma"}, "gemma"),
+        ({"general.architecture": "qwen2"}, "chatml"),
+        ({"general.architecture": "qwen3"}, "chatml"),
+        ({"general.architecture": "phi3"}, "phi3"),
+        ({"general.architecture": "llama", "tokenizer.ggml.tokens": tokens_with("<|start_header_id|>", "<|eot_id|>")}, "llama3"),
+        ({"general.architecture": "llama", "tokenizer.ggml.tokens": tokens_with("[INST]", "[/INST]")}, "mistral"),
+        ({"general.architecture": "llama", "tokenizer.ggml.tokens": tokens_with("<|im_start|>")}, "chatml"),
+        ({"general.architecture": "llama", "tokenizer.ggml.tokens": tokens_with()}, "llama2"),
+        ({"general.architecture": "llama", "general.name": "Zephyr 7B Beta", "tokenizer.ggml.tokens": tokens_with()}, "zephyr"),
+        ({"general.architecture": "somethingnew", "tokenizer.ggml.tokens": tokens_with("<start_of_turn>")}, "gemma"),
+        ({"general.architecture": "somethingnew"}, "chatml"),
+    ],
+)
+def test_builtin_choice_from_metadata(meta, expected):
+    assert choose_builtin(meta) == expected
+    assert ChatTemplate.from_metadata(meta).name == expected
+
+
+def test_bos_and_eos_are_read_from_the_vocabulary_when_not_given():
+    meta = {"general.architecture": "llama", "tokenizer.ggml.tokens": tokens_with(), "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1}
+    template = ChatTemplate.from_metadata(meta)
+    assert (template.name, template.bos_token, template.eos_token) == ("llama2", "<s>", "</s>")
+    assert template.apply(NO_SYSTEM) == official_render("llama2.jinja", NO_SYSTEM, True, "<s>", "</s>")
+
+
+def test_the_shipped_gemma_file_gets_the_gemma_builtin(gemma_path):
+    from localllm.gguf.reader import GGUFReader
+
+    with GGUFReader(gemma_path) as reader:
+        meta = reader.metadata
+        assert "tokenizer.chat_template" not in meta  # why the built-in matters
+        template = ChatTemplate.from_metadata(meta)
+    assert (template.name, template.bos_token, template.eos_token) == ("gemma", "<bos>", "<eos>")
+    assert template.apply(TWO_TURNS) == official_render("gemma3.jinja", TWO_TURNS, True, "<bos>", "<eos>")
+
+
+def test_unknown_builtin_name_is_an_error():
+    with pytest.raises(TemplateError, match="no built-in chat template 'nope'"):
+        ChatTemplate.builtin("nope")
+
+
+# -- messages ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "messages,message",
+    [
+        ("hello", "messages must be a list"),
+        ([], "messages is empty"),
+        ([{"role": "user", "content": "a"}, "b"], "message 1: expected a dict"),
+        ([{"role": "user", "content": "a"}, {"content": "b"}], "message 1: 'role'"),
+        ([{"role": "user<|im_end|>", "content": "a"}], "message 0: 'role'"),
+        ([{"role": "", "content": "a"}], "message 0: 'role'"),
+        ([SYSTEM, {"role": "user", "content": "a"}, {"role": "assistant", "content": None}], "message 2: 'content' must be a string"),
+        ([{"role": "user", "content": ["a"]}], "message 0: 'content' must be a string"),
+    ],
+)
+def test_bad_messages_are_refused_naming_the_index(messages, message):
+    with pytest.raises(TemplateError, match=message) as info:
+        ChatTemplate.builtin("chatml").apply(messages)
+    assert "\n" not in str(info.value)
+    assert isinstance(info.value, LocalLLMError)
+
+
+def test_the_template_cannot_change_the_callers_messages():
+    messages = [{"role": "user", "content": "a"}]
+    with pytest.raises(TemplateError, match="sandbox"):
+        ChatTemplate("{{ messages.append(1) }}{{ messages[0].update({'role': 'x'}) }}", "gguf").apply(messages)
+    assert messages == [{"role": "user", "content": "a"}]
+
+
+# -- HF extras ---------------------------------------------------------------------------------------------
+
+
+def test_tojson_has_hf_semantics():
+    template = ChatTemplate("{{ messages[0].content | tojson }}|{{ {'b': 1, 'a': '<&>'} | tojson(indent=2, sort_keys=True) }}", "gguf")
+    value = {"b": 1, "a": "<&>"}
+    expected = json.dumps("é 世界", ensure_ascii=False) + "|" + json.dumps(value, indent=2, sort_keys=True)
+    assert template.apply([{"role": "user", "content": "é 世界"}]) == expected
+
+
+def test_loop_controls_and_generation_blocks():
+    source = "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}{% if loop.index0 == 3 %}{% break %}{% endif %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}"
+    messages = [{"role": "user", "content": c} for c in "abcde"]
+    assert ChatTemplate(source, "gguf").apply(messages) == "[a][c]"
+
+
+def test_extra_variables_reach_the_template():
+    template = ChatTemplate("{{ 'think' if enable_thinking else 'quiet' }}", "gguf")
+    assert template.apply(NO_SYSTEM, enable_thinking=False) == "quiet"
+
+
+# -- hostile templates -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "source,message",
+    [
+        ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "sandbox forbids"),
+        ("{{ cycler.__init__.__globals__ }}", "sandbox forbids"),
+        ("{{ messages.__class__.__name__ }}", "sandbox forbids"),
+        ("{% for x in %}{% endfor %}", "syntax error on line 1"),
+        ("{% if messages %}\n{{ oops( }}\n{% endif %}", "syntax error on line 2"),
+        ("{{ raise_exception('nope') }}", "the template raised an error: nope"),
+        ("{{ undefined_thing.attribute }}", "undefined"),
+        ("{{ lipsum(1000000) }}", "'lipsum' is undefined"),
+        ("{{ 1 / 0 }}", "ZeroDivisionError"),
+        ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
+        ("{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}", "recursed too deeply"),
+    ],
+)
+def test_hostile_or_broken_templates_raise_template_error(source, message):
+    with pytest.raises(TemplateError, match=message) as info:
+        ChatTemplate(source, "gguf").apply(TWO_TURNS)
+    assert "\n" not in str(info.value)
+
+
+def test_a_broken_file_template_fails_when_loaded():
+    with pytest.raises(TemplateError, match="chat template 'gguf': syntax error"):
+        ChatTemplate.from_metadata({"general.architecture": "llama", "tokenizer.chat_template": "{% for %}"})
+    with pytest.raises(TemplateError, match="expected a string"):
+        ChatTemplate.from_metadata({"general.architecture": "llama", "tokenizer.chat_template": 42})
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{% for i in range(10**7) %}xxxxxxxxxx{% endfor %}",  # the sandbox's range limit, or ours
+        "{% for i in range(100000) %}{% for j in range(20) %}xxxxxxxxxx{% endfor %}{% endfor %}",  # output cap
+        "{{ 'x' * 10**9 }}",
+        "{{ [0] * 10**9 }}",
+        "{{ 10 ** (10 ** 10) }}",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}",
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}",
+        "{{ 'x' | center(10**9) }}",
+        "{{ 'x' | indent(999999999, true) }}",
+        "{{ '%0999999999d' | format(1) }}",
+        "{{ '%0999999999d' % 1 }}",
+        "{{ '{:>999999999}'.format(1) }}",
+        "{{ 'x'.ljust(999999999) }}",
+        # inputs within the limit whose product is not
+        "{% set s = 'x' * 1000000 %}{{ s | replace('', s) }}",
+        "{% set s = 'x' * 1000000 %}{{ s.replace('x', s) }}",
+        "{{ [('x' * 1000000)] * 1000000 }}",
+        "{% set s = 'x' * 400000 %}{{ [s, s, s] }}",
+        "{% set s = 'x' * 400000 %}{{ [s, s, s] | string }}",
+        "{{ range(100000) | join('x' * 1000000) }}",
+        "{{ range(20000) | map('string') | join('x' * 1000) }}",
+        "{{ ('x' * 1000).join(range(20000) | map('string')) }}",
+        "{{ ('\t' * 1000000).expandtabs(1000000) }}",
+        "{{ ('\n' * 1000000) | indent(1000000) }}",
+        "{{ ('x' * 1000) | wordwrap(1, wrapstring='y' * 1000000) }}",
+        "{{ '{0}{0}{0}{0}'.format('x' * 400000) }}",
+        "{{ '%(a)s%(a)s%(a)s' % {'a': 'x' * 400000} }}",
+        "{{ range(20000) | list | tojson(indent=100) }}",
+    ],
+)
+def test_runaway_templates_stop_quickly_without_eating_memory(source):
+    # Constant expressions may already fail when compiled (jinja2 folds them), others when rendered.
+    started = time.perf_counter()
+    with pytest.raises(TemplateError, match="exceeded a limit"):
+        ChatTemplate(source, "gguf").apply(TWO_TURNS)
+    assert time.perf_counter() - started < 1.0
+    # Again under tracemalloc (which slows Python down, so not timed): the peak stays near the cap.
+    tracemalloc.start()
+    try:
+        with pytest.raises(TemplateError, match="exceeded a limit"):
+            ChatTemplate(source, "gguf").apply(TWO_TURNS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * MAX_OUTPUT_CHARS + (20 << 20)
+
+
+def test_loops_that_output_nothing_are_stopped_by_the_clock():
+    # 10^10 empty iterations: no output, no calls; only the per-line deadline can stop it.
+    source = "{% set r = range(100000) %}{% for a in r %}{% for b in r %}{% endfor %}{% endfor %}"
+    started = time.perf_counter()
+    with pytest.raises(TemplateError, match="longer than"):
+        ChatTemplate(source, "gguf").apply(TWO_TURNS)
+    assert time.perf_counter() - started < 3.0
+
+
+def test_output_just_under_the_cap_is_fine():
+    source = "{% for i in range(" + str(MAX_OUTPUT_CHARS // 1024 - 1) + ") %}{{ 'x' * 1024 }}{% endfor %}"
+    assert len(ChatTemplate(source, "gguf").apply(TWO_TURNS)) == MAX_OUTPUT_CHARS - 1024
+
+
+def test_long_conversations_get_room_beyond_the_fixed_cap():
+    # Three 600,000-character messages: the prompt alone is 1.8 M characters, above MAX_OUTPUT_CHARS, and
+    # renders; a template that prints the conversation ten times over still hits the (scaled) limit.
+    messages = [{"role": role, "content": letter * 600_000} for role, letter in (("user", "a"), ("assistant", "b"), ("user", "c"))]
+    rendered = ChatTemplate.builtin("chatml").apply(messages)
+    assert len(rendered) > 3 * 600_000 and rendered.endswith("<|im_start|>assistant\n")
+    repeating = "{% for i in range(10) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
+    with pytest.raises(TemplateError, match="exceeds"):
+        ChatTemplate(repeating, "gguf").apply(messages)
