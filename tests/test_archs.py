@@ -1,0 +1,164 @@
+"""Every architecture module against the float64 NumPy reference forward (tests/reference_forward.py).
+
+Tiny random models (tests/tiny_models.py) are written by our GGUF writer in each quant type and loaded
+through the public API. Tolerances, and why:
+- Prefill of >= 8 tokens dequantizes weight tiles exactly (bit-exact dequantizers, tested elsewhere) and
+  multiplies in float32 through BLAS, so it differs from the float64 reference only by float32 rounding
+  accumulated over a handful of layers: max |error| <= 2e-3 x max |logit|.
+- Decode (one token) quantizes each activation vector to 8 bits per block, as llama.cpp does, before
+  the integer dot products. Each element then carries up to d/2 = amax/254 of error; through a few layers
+  that is about 1% of the logit scale: max |error| <= 4e-2 x max |logit| for quantized weights
+  (float weights pair with float32 activations: same bound as prefill).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import localllm
+from localllm import quant
+from localllm.errors import ContextOverflow, LocalLLMError, TensorError, UnsupportedArchitecture
+from localllm.gguf import GGUFReader, GGUFWriter
+from localllm.model.archs import ARCHITECTURES
+
+import reference_forward
+from tiny_models import write_tiny_model
+
+ARCHS = sorted(ARCHITECTURES)
+PROMPT = [2, 300, 17, 281, 299, 5, 260, 310, 333, 290, 301, 7, 270, 275]  # 14 tokens > Gemma's window 5
+PREFILL_RTOL = 2e-3
+DECODE_RTOL_QUANT = 4e-2
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(arch, qtype) -> path of a tiny model, written once per module."""
+    cache = {}
+    root = tmp_path_factory.mktemp("tiny")
+
+    def make(arch, qtype="F32"):
+        key = (arch, qtype)
+        if key not in cache:
+            cache[key] = write_tiny_model(root / f"{arch}-{qtype}.gguf", arch, qtype, seed=len(cache))
+        return cache[key]
+
+    return make
+
+
+def reference_logits(path, tokens, neox_override=None):
+    with GGUFReader(path) as reader:
+        return reference_forward.forward(reader, tokens, neox_override=neox_override)
+
+
+def max_rel_error(ours, ref):
+    return float(np.abs(ours - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("qtype", quant.supported_names())
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prefill_matches_float64_reference(tiny, arch, qtype):
+    path = tiny(arch, qtype)
+    model = localllm.load(path, n_ctx=64, threads=2)
+    ours = model.logits(PROMPT)
+    ref = reference_logits(path, PROMPT)
+    assert ours.shape == ref.shape
+    assert max_rel_error(ours, ref) <= PREFILL_RTOL
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_by_token_and_cached_decode_match(tiny, arch, qtype):
+    """Prefill 9 tokens in one pass, decode the other 5 one at a time from the KV cache; every decoded
+    position must match both the reference and a fresh one-pass prefill of the whole prompt."""
+    path = tiny(arch, qtype)
+    model = localllm.load(path, n_ctx=64, threads=2)
+    session = model.new_session()
+    split = 9
+    rows = [model.decoder.forward(np.array(PROMPT[:split], np.int32), 0, session.cache)[-1].copy()]
+    for pos in range(split, len(PROMPT)):
+        rows.append(model.decoder.forward(np.array([PROMPT[pos]], np.int32), pos, session.cache)[0].copy())
+    decoded = np.stack(rows)  # logits at positions split-1 .. T-1
+    full = model.logits(PROMPT)[split - 1 :]
+    ref = reference_logits(path, PROMPT)[split - 1 :]
+    tol = PREFILL_RTOL if quant.get(qtype).act == "f32" else DECODE_RTOL_QUANT
+    assert max_rel_error(decoded, ref) <= tol
+    assert max_rel_error(decoded, full) <= tol
+    assert (decoded.argmax(-1) == ref.argmax(-1)).mean() >= 0.8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_negative_control_wrong_rope_pairing_is_caught(tiny, arch):
+    """The same comparison against a reference with the other RoPE pairing (normal <-> NeoX) must fail by
+    a wide margin: the tolerance above is tight enough to see a RoPE bug."""
+    path = tiny(arch)
+    model = localllm.load(path, n_ctx=64, threads=2)
+    ours = model.logits(PROMPT)
+    right = reference_logits(path, PROMPT)
+    neox = arch in ("qwen2", "qwen3", "gemma3")
+    wrong = reference_logits(path, PROMPT, neox_override=not neox)
+    assert max_rel_error(ours, right) <= PREFILL_RTOL
+    assert max_rel_error(ours, wrong) > 20 * PREFILL_RTOL
+
+
+def test_gemma_sliding_window_matters(tiny):
+    """Gemma 3's local layers see only the last `sliding_window` tokens: a reference without the window
+    disagrees with us, so the window is really applied (prompt length 14 > window 5)."""
+    path = tiny("gemma3")
+    model = localllm.load(path, n_ctx=64, threads=2)
+    ours = model.logits(PROMPT)
+    with GGUFReader(path) as reader:
+        reader.metadata["gemma3.attention.sliding_window"] = 10_000
+        no_window = reference_forward.forward(reader, PROMPT)
+    assert max_rel_error(ours[6:], no_window[6:]) > 20 * PREFILL_RTOL
+    np.testing.assert_allclose(ours[:5], no_window[:5], rtol=0, atol=PREFILL_RTOL * np.abs(no_window).max())
+
+
+# -- bad models and bad prompts ---------------------------------------------------------------------------
+
+
+def _rewrite(src, dst, *, arch=None, drop=None, reshape=None):
+    """Copy a model, changing its architecture name, dropping a tensor or giving one a wrong shape."""
+    with GGUFReader(src) as r:
+        w = GGUFWriter(dst)
+        w.copy_metadata(r)
+        if arch:
+            w.add("general.architecture", arch)
+        for name, info in r.tensors.items():
+            if name == drop:
+                continue
+            data = np.array(r.tensor_bytes(name))
+            shape = info.shape
+            if name == reshape:
+                shape, data = (shape[0], shape[1] - 1), data[:-1]
+            w.add_tensor(name, data, info.ggml_type.name, shape=shape)
+        w.write()
+    return dst
+
+
+def test_unknown_architecture_lists_supported(tiny, tmp_path):
+    path = _rewrite(tiny("llama"), tmp_path / "m.gguf", arch="mamba")
+    with pytest.raises(UnsupportedArchitecture) as err:
+        localllm.load(path)
+    assert "mamba" in str(err.value) and all(a in str(err.value) for a in ARCHS)
+
+
+def test_missing_tensor_is_named(tiny, tmp_path):
+    path = _rewrite(tiny("qwen2"), tmp_path / "m.gguf", drop="blk.1.attn_k.bias")
+    with pytest.raises(TensorError, match="blk.1.attn_k.bias"):
+        localllm.load(path)
+
+
+def test_wrong_shape_is_named(tiny, tmp_path):
+    path = _rewrite(tiny("llama"), tmp_path / "m.gguf", reshape="blk.0.ffn_up.weight")
+    with pytest.raises(TensorError, match=r"blk\.0\.ffn_up\.weight.*shape"):
+        localllm.load(path)
+
+
+def test_prompt_over_context_raises_with_the_numbers(tiny):
+    model = localllm.load(tiny("llama"), n_ctx=16)
+    with pytest.raises(ContextOverflow) as err:
+        list(model.generate(list(range(260, 280)), max_tokens=4, temperature=0))
+    assert err.value.n_tokens >= 20 and err.value.n_ctx == 16
+    with pytest.raises(LocalLLMError):
+        localllm.load(tiny("llama"), n_ctx=8)
