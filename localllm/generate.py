@@ -144,6 +144,8 @@ def generate_tokens(
         if stopped:
             finish = "stop"
             break
+        if step == max_tokens - 1:
+            break  # the last token needs no forward pass: its logits would go unused
         if len(session.tokens) + 1 >= n_ctx:
             finish = "length"
             break

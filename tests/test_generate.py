@@ -1,0 +1,101 @@
+"""The generation API on a tiny model: events, KV reuse across turns, clean close, context limits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import localllm
+from localllm.errors import ContextOverflow
+
+from tiny_models import write_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("gen") / "tiny-qwen3.gguf", "qwen3", "Q8_0", seed=7)
+    return localllm.load(path, n_ctx=96, threads=1)
+
+
+def run(model, prompt, **options):
+    tokens, text, done = [], [], None
+    for event in model.generate(prompt, **options):
+        if event.kind == "token":
+            if event.token is not None:
+                tokens.append(event.token)
+            text.append(event.text)
+        else:
+            done = event
+    return tokens, "".join(text), done
+
+
+def test_greedy_tokens_are_the_argmax_of_recomputed_logits(model):
+    prompt = model.tokenize("▁ab▁cd▁ef")
+    tokens, text, done = run(model, prompt, max_tokens=5, temperature=0, session=model.new_session())
+    assert done.finish_reason in ("length", "stop") and done.timings.prompt_tokens == len(prompt)
+    context = list(prompt)
+    for token in tokens:  # each greedy token is the argmax of a from-scratch evaluation of its context
+        assert token == int(np.argmax(model.logits(context)[-1]))
+        context.append(token)
+    assert text == model.detokenize(tokens)
+
+
+def test_same_seed_same_tokens_different_seed_differs(model):
+    prompt = model.tokenize("▁ab")
+    a = run(model, prompt, max_tokens=12, temperature=100.0, top_k=0, top_p=1.0, min_p=0.0, seed=11, session=model.new_session())[0]
+    b = run(model, prompt, max_tokens=12, temperature=100.0, top_k=0, top_p=1.0, min_p=0.0, seed=11, session=model.new_session())[0]
+    c = run(model, prompt, max_tokens=12, temperature=100.0, top_k=0, top_p=1.0, min_p=0.0, seed=12, session=model.new_session())[0]
+    assert a == b and a != c
+
+
+def test_a_new_turn_reuses_the_cache(model):
+    session = model.new_session()
+    first = model.tokenize("▁ab▁cd")
+    tokens, _, done = run(model, first, max_tokens=4, temperature=0, session=session)
+    assert done.timings.cached_tokens == 0
+    second = first + tokens + model.tokenize("▁ef▁gh", add_bos=False)
+    _, _, done = run(model, second, max_tokens=3, temperature=0, session=session)
+    # everything the first turn put in the cache (its prompt and the tokens fed back) is reused
+    assert done.timings.cached_tokens == len(first) + len(tokens) - 1
+
+
+def test_closing_the_generator_keeps_the_session_consistent(model):
+    session = model.new_session()
+    prompt = model.tokenize("▁ab▁cd")
+    gen = model.generate(prompt, max_tokens=20, temperature=0, session=session)
+    taken = [next(gen) for _ in range(3)]
+    gen.close()
+    assert all(e.kind == "token" for e in taken)
+    assert session.tokens[: len(prompt)] == prompt
+    # the cache still matches its tokens: continuing gives the same logits as a fresh evaluation
+    _, _, done = run(model, list(session.tokens) + [300], max_tokens=1, temperature=0, session=session)
+    assert done.timings.cached_tokens == len(session.tokens) - 2 or done.timings.cached_tokens >= len(prompt)
+
+
+def test_prompt_over_context_raises_and_context_shift_drops_old_turns(model):
+    long_turn = "▁ab " * 30
+    messages = [{"role": "system", "content": "▁zz"}]
+    for _ in range(3):
+        messages += [{"role": "user", "content": long_turn}, {"role": "assistant", "content": long_turn}]
+    messages.append({"role": "user", "content": "▁cd"})
+    with pytest.raises(ContextOverflow) as err:
+        run(model, messages, max_tokens=4, temperature=0, session=model.new_session())
+    assert err.value.n_ctx == 96
+    kept = model.fit_conversation(messages, reserve=4, shift=True)
+    assert len(kept) + 4 < 96
+    text = model.detokenize(kept)
+    assert "zz" in text and text.rstrip().endswith("cd") or "cd" in text[-40:]
+    tokens, _, done = run(model, messages, max_tokens=4, temperature=0, session=model.new_session(), context_shift=True)
+    assert done.finish_reason in ("length", "stop")
+
+
+def test_stop_string_ends_generation_and_is_not_emitted(model):
+    prompt = model.tokenize("▁ab")
+    tokens, text, _ = run(model, prompt, max_tokens=16, temperature=0, session=model.new_session())
+    full = model.detokenize(tokens)
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    if not stop.strip():
+        pytest.fail(f"greedy text too short to pick a stop string from: {full!r}")
+    _, stopped_text, done = run(model, prompt, max_tokens=16, temperature=0, stop=[stop], session=model.new_session())
+    assert done.finish_reason == "stop"
+    assert stopped_text == full[: full.index(stop)]
