@@ -328,3 +328,9 @@ def test_fuzzed_headers_open_or_raise_gguf_error(tmp_path, data):
         for info in r.tensors.values():
             assert info.offset + info.nbytes <= len(blob)
             assert r.tensor_bytes(info.name).size == info.nbytes
+
+
+def test_version_2_files_open(tmp_path):
+    """GGUF v2 has v3's layout (64-bit counts and lengths); v3 only added the big-endian variant."""
+    with _open(tmp_path, build(version=2)) as r:
+        assert r.version == 2 and list(r.tensors) == ["a", "b"]

@@ -42,6 +42,10 @@ class CPUBackend(Backend):
         if self.threads < 1:
             raise LocalLLMError(f"threads must be >= 1, got {self.threads}")
         numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        # Prefill multiplies through NumPy's BLAS: it gets the same thread count as our kernels.
+        import threadpoolctl
+
+        threadpoolctl.threadpool_limits(limits=self.threads, user_api="blas")
         self.scratch = MatmulScratch()
         self._inv_freq: dict[tuple, np.ndarray] = {}
         self._scores = np.empty(0, dtype=np.float32)
