@@ -78,3 +78,40 @@ def test_tokenize_jsonl_loads_once_and_answers_per_line(tiny_llama):
     assert len(answers) == 3
     assert all(isinstance(ids, list) for ids in answers) and answers[2] == []
     assert all(2 not in ids for ids in answers)
+
+
+def _copy_metadata_only(src, dst, **overrides):
+    from localllm.gguf import GGUFReader, GGUFWriter
+
+    with GGUFReader(src) as reader:
+        writer = GGUFWriter(dst)
+        writer.copy_metadata(reader)
+        for key, value in overrides.items():
+            writer.add(key, value)
+        writer.write()
+    return str(dst)
+
+
+def test_tokenize_a_vocab_only_file(capsys, tiny_llama, tmp_path):
+    vocab_only = _copy_metadata_only(tiny_llama, tmp_path / "vocab.gguf")
+    code, out, err = run_cli(capsys, "tokenize", vocab_only, "▁ab▁cd", "--json")
+    assert code == 0, err
+    # Worked by hand from tests/tiny_models.py's vocabulary: BOS (2); the space prefix SentencePiece adds
+    # ("▁", no token of its own here) as its UTF-8 bytes E2 96 81 through the byte tokens <0xNN> (id
+    # 4 + byte: 230, 154, 133); then the whole pieces "▁ab" (286) and "▁cd" (340).
+    assert json.loads(out) == [2, 230, 154, 133, 286, 340]
+
+
+def test_run_unknown_architecture_exits_1_listing_supported(capsys, tiny_llama, tmp_path):
+    from localllm.gguf import GGUFReader, GGUFWriter
+
+    path = tmp_path / "mamba.gguf"
+    with GGUFReader(tiny_llama) as reader:
+        writer = GGUFWriter(path)
+        writer.copy_metadata(reader)
+        writer.add("general.architecture", "mamba")
+        for name, info in reader.tensors.items():
+            writer.add_tensor(name, reader.tensor_bytes(name), info.ggml_type.name, shape=info.shape)
+        writer.write()
+    code, _, err = run_cli(capsys, "run", str(path), "hi", "-n", "1")
+    assert code == 1 and "mamba" in err and "gemma3" in err and "llama" in err and err.count("\n") == 1
