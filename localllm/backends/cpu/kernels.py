@@ -7,7 +7,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ...quant.jit import exact_kernel, f16_to_f32, fast_kernel
+from ...quant.jit import exact_kernel, f16_to_f32, f32_to_f16_bits, fast_kernel
 
 SQRT_2_OVER_PI = 0.7978845608028654
 
@@ -113,14 +113,42 @@ def attention(q, cache_k, cache_v, start, scale, window, out, scores):
             _axpy_f16(row[j] * inv, cache_v[j, kvh], dst)
 
 
+def gelu_table() -> np.ndarray:
+    """float32[65536]: GELU (tanh form) of every float16 value, rounded to float16, as ggml's CPU
+    backend tabulates it (ggml_table_gelu_f16). The gate is looked up by its float16 bits: one load per
+    element instead of a tanh (which Numba cannot vectorise), and the same numbers llama.cpp uses."""
+    x = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        inner = np.float32(SQRT_2_OVER_PI) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
+        y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(inner))
+        return y.astype(np.float16).astype(np.float32)
+
+
+@fast_kernel
+def _geglu_row(gate, up, out, table):
+    for i in range(gate.shape[0]):
+        g = gate[i]
+        if g <= np.float32(-10.0):
+            a = np.float32(0.0)
+        elif g >= np.float32(10.0):
+            a = g
+        else:
+            a = table[np.int64(f32_to_f16_bits(g))]
+        out[i] = a * up[i]
+
+
+@fast_kernel
+def _swiglu_row(gate, up, out):
+    for i in range(gate.shape[0]):
+        g = gate[i]
+        out[i] = g / (np.float32(1.0) + np.exp(-g)) * up[i]
+
+
 @fast_kernel(parallel=True)
-def gated_act(gate, up, out, gelu):
-    """out[T, F] = act(gate) * up; gelu: GELU with tanh approximation, else SiLU."""
+def gated_act(gate, up, out, gelu, table):
+    """out[T, F] = act(gate) * up; gelu: GELU (tanh approximation) via `table` (gelu_table()), else SiLU."""
     for t in prange(gate.shape[0]):
-        for i in range(gate.shape[1]):
-            g = gate[t, i]
-            if gelu:
-                a = np.float32(0.5) * g * (np.float32(1.0) + np.tanh(np.float32(SQRT_2_OVER_PI) * g * (np.float32(1.0) + np.float32(0.044715) * g * g)))
-            else:
-                a = g / (np.float32(1.0) + np.exp(-g))
-            out[t, i] = a * up[t, i]
+        if gelu:
+            _geglu_row(gate[t], up[t], out[t], table)
+        else:
+            _swiglu_row(gate[t], up[t], out[t])

@@ -116,20 +116,13 @@ def matmul(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, s
     if n_tokens >= BLAS_MIN_ROWS:
         dequant = dequant_rows_kernel(qt)
         n_rows = weights.shape[0]
-        # BLAS owns the cores here (its thread count is the backend's). Its workers spin between
-        # calls, so a parallel dequantization squeezed between two BLAS calls fights them for the
-        # same cores: measured on Gemma 3 270M pp512 at 2 threads, 119 tok/s with a 2-thread
-        # dequantization against 312-356 with a 1-thread one. So tiles are dequantized on 1 thread.
-        threads = numba.get_num_threads()
-        numba.set_num_threads(1)
-        try:
-            for start in range(0, n_rows, TILE_ROWS):
-                rows = min(TILE_ROWS, n_rows - start)
-                tile = scratch.tile(rows, k)
-                dequant(weights, start, tile)
-                np.matmul(x, tile.T, out=out[:, start : start + rows])
-        finally:
-            numba.set_num_threads(threads)
+        # BLAS owns the cores here (the backend runs Numba on one thread for batches: see
+        # CPUBackend._threads_for), so tiles are dequantized on the calling thread.
+        for start in range(0, n_rows, TILE_ROWS):
+            rows = min(TILE_ROWS, n_rows - start)
+            tile = scratch.tile(rows, k)
+            dequant(weights, start, tile)
+            np.matmul(x, tile.T, out=out[:, start : start + rows])
         return
     kernel = matvec_kernel(qt)
     act = scratch.activation(qt.act, k)
