@@ -38,7 +38,6 @@ class CPUBackend(Backend):
     name = "cpu"
 
     def __init__(self, threads: int | None = None):
-
         self.threads = threads or physical_cores()
         if self.threads < 1:
             raise LocalLLMError(f"threads must be >= 1, got {self.threads}")
