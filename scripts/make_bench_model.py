@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from localllm.gguf import GGUFWriter, ValueType  # noqa: E402
 from localllm.gguf.constants import GGML_TYPES_BY_NAME  # noqa: E402
+from localllm.tokenizer.bpe import BYTE_TO_CHAR  # noqa: E402
 
 N_EMBD, N_FF, N_HEAD, N_KV, HEAD_DIM = 4096, 14336, 32, 8, 128
 N_VOCAB, N_SPECIAL = 128_256, 256
@@ -46,21 +47,8 @@ def random_matrix(rng, n_out: int, n_in: int, qtype: str) -> np.ndarray:
     return blocks.reshape(n_out, -1)
 
 
-def byte_to_unicode() -> list[str]:
-    """GPT-2's printable stand-in for each byte value (the byte-level BPE alphabet)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    mapping, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            mapping[b] = chr(b)
-        else:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return [mapping[b] for b in range(256)]
-
-
 def vocabulary() -> tuple[list[str], list[str], np.ndarray]:
-    chars = byte_to_unicode()
+    chars = [BYTE_TO_CHAR[b] for b in range(256)]
     tokens, merges = list(chars), []
     n_regular = N_VOCAB - N_SPECIAL
     for a in chars:
