@@ -126,6 +126,7 @@ def generate_tokens(
     history = list(prompt)
     finish = "length"
     t_decode = time.perf_counter()
+    step_input = np.zeros(1, dtype=np.int32)  # reused: the decode loop allocates no arrays of its own
     for step in range(max_tokens):
         token = sampler.sample(logits, history)
         if step == 0:
@@ -149,7 +150,8 @@ def generate_tokens(
         if len(session.tokens) + 1 >= n_ctx:
             finish = "length"
             break
-        logits = decoder.forward(np.array([token], dtype=np.int32), len(session.tokens), session.cache)[0]
+        step_input[0] = token
+        logits = decoder.forward(step_input, len(session.tokens), session.cache)[0]
         session.tokens.append(token)
     else:
         finish = "length"

@@ -84,7 +84,11 @@ def test_token_by_token_and_cached_decode_match(tiny, arch, qtype):
     tol = PREFILL_RTOL if quant.get(qtype).act == "f32" else DECODE_RTOL_QUANT
     assert max_rel_error(decoded, ref) <= tol
     assert max_rel_error(decoded, full) <= tol
-    assert (decoded.argmax(-1) == ref.argmax(-1)).mean() >= 0.8
+    # Where the reference's top-1 leads its top-2 by more than twice the allowed error, no error within
+    # the tolerance can change the winner: the argmax must agree there.
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 2 * tol * np.abs(ref).max()
+    assert (decoded.argmax(-1) == ref.argmax(-1))[clear].all()
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -177,7 +177,10 @@ class Decoder:
         """Run tokens[T] at positions start..start+T-1; returns logits [T, vocab] or [1, vocab] (last)."""
         n = len(tokens)
         b = self.buffers(n)
-        b.positions[:] = np.arange(start, start + n, dtype=np.int32)
+        if n == 1:
+            b.positions[0] = start  # decode: no temporary array
+        else:
+            b.positions[:] = np.arange(start, start + n, dtype=np.int32)
         self.embed(np.asarray(tokens, dtype=np.int32), b)
         for il in range(self.hp.n_layer):
             self.block(il, b, start, cache)
