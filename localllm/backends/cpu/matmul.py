@@ -8,86 +8,27 @@ scratch buffer and multiplied through BLAS (NumPy's matmul); the weights stay qu
 
 from __future__ import annotations
 
-import numba
 import numpy as np
-from numba import prange
 
 from ...quant import QuantType
 from ...quant.activation import QuantizedActivation
+from .drivers import drivers
 
 # Above this many activation rows a matmul goes through dequantized tiles + BLAS.
 BLAS_MIN_ROWS = 8
 TILE_ROWS = 512
 
-_matvec_cache: dict[str, object] = {}
-_dequant_cache: dict[str, object] = {}
-
-
-def _make_matvec(vec_dot, n_act_arrays: int):
-    """A parallel driver over weight rows for one type's vec_dot (out[r] = vec_dot(W[r], act...))."""
-    if n_act_arrays == 1:
-
-        @numba.njit(parallel=True, cache=True, nogil=True, fastmath=True)
-        def matvec1(weights, out, a0):
-            """weights uint8[N, row_bytes]; a0 float32[K]; out float32[N]."""
-            for r in prange(weights.shape[0]):
-                out[r] = vec_dot(weights[r], a0)
-
-        return matvec1
-
-    @numba.njit(parallel=True, cache=True, nogil=True, fastmath=True)
-    def matvec3(weights, out, a0, a1, a2):
-        """weights uint8[N, row_bytes]; (a0, a1, a2) the quantized activation; out float32[N]."""
-        for r in prange(weights.shape[0]):
-            out[r] = vec_dot(weights[r], a0, a1, a2)
-
-    return matvec3
-
-
-def _make_dequant_rows(dequantize_row):
-    @numba.njit(parallel=True, cache=True, nogil=True)
-    def dequant_rows(weights, start, out):
-        """weights uint8[N, row_bytes]; out float32[R, K] <- rows start..start+R of weights."""
-        for r in prange(out.shape[0]):
-            dequantize_row(weights[start + r], out[r])
-
-    return dequant_rows
-
-
-def _make_gather_rows(dequantize_row):
-    @numba.njit(cache=True, nogil=True)
-    def gather_rows(weights, ids, out):
-        """weights uint8[V, row_bytes]; ids int[T] (already range-checked); out float32[T, K]."""
-        for t in range(ids.shape[0]):
-            dequantize_row(weights[ids[t]], out[t])
-
-    return gather_rows
-
-
-_gather_cache: dict[str, object] = {}
-
 
 def gather_rows_kernel(qt: QuantType):
-    kernel = _gather_cache.get(qt.name)
-    if kernel is None:
-        kernel = _gather_cache[qt.name] = _make_gather_rows(qt.dequantize_row)
-    return kernel
+    return drivers(qt).gather_rows
 
 
 def matvec_kernel(qt: QuantType):
-    kernel = _matvec_cache.get(qt.name)
-    if kernel is None:
-        kernel = _make_matvec(qt.vec_dot, 1 if qt.act == "f32" else 3)
-        _matvec_cache[qt.name] = kernel
-    return kernel
+    return drivers(qt).matvec
 
 
 def dequant_rows_kernel(qt: QuantType):
-    kernel = _dequant_cache.get(qt.name)
-    if kernel is None:
-        kernel = _make_dequant_rows(qt.dequantize_row)
-        _dequant_cache[qt.name] = kernel
-    return kernel
+    return drivers(qt).dequant_rows
 
 
 class MatmulScratch:
