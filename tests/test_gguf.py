@@ -6,6 +6,7 @@ read back identically there, and files it writes must read identically here.
 
 from __future__ import annotations
 
+import os
 import struct
 
 import gguf
@@ -334,3 +335,12 @@ def test_version_2_files_open(tmp_path):
     """GGUF v2 has v3's layout (64-bit counts and lengths); v3 only added the big-endian variant."""
     with _open(tmp_path, build(version=2)) as r:
         assert r.version == 2 and list(r.tensors) == ["a", "b"]
+
+
+def test_written_files_follow_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = GGUFWriter(tmp_path / "m.gguf").write()
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -141,7 +141,10 @@ class GGUFWriter:
     def write(self) -> Path:
         """Write the file: temporary name in the same directory, fsync, then rename."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".partial", dir=self.path.parent)
+        # Not tempfile.mkstemp: its 0600 mode would make the model unreadable to other users and tools;
+        # os.open with 0666 lets the user's umask decide, as for any file they create.
+        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as fh:
                 self._write_to(fh)
