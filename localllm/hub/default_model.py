@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 from ..errors import ChecksumMismatch, ModelNotFound
@@ -52,7 +52,9 @@ def default_model_path(directory: Path | None = None) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".part", dir=target.parent)
+    # os.open with 0666 (the umask decides), not mkstemp's 0600: the model is a plain file other tools read.
+    tmp_name = str(target.parent / f".{FILE_NAME}.{os.getpid()}.{uuid.uuid4().hex[:8]}.part")
+    fd = os.open(tmp_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as out:
             for chunk in chunks:

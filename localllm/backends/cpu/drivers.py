@@ -15,7 +15,7 @@ import hashlib
 import importlib.util
 import os
 import sys
-import tempfile
+import uuid
 from functools import lru_cache
 from pathlib import Path
 
@@ -78,7 +78,8 @@ def drivers(qt):
     path = folder / f"{stem}.py"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".tmp", dir=folder)
+        tmp = folder / f".{stem}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, "w") as fh:
             fh.write(TEMPLATE.format(name=qt.name, module=module, args=args))
         os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
