@@ -16,8 +16,8 @@ from ._legacy import (
     f16_bytes,
     f16_column,
     pack_nibbles,
-    q4_block_dot,
     quantize_symmetric,
+    row_dot_kernel,
     unpack_nibbles,
 )
 from .jit import exact_kernel, fast_kernel, read_f16
@@ -49,18 +49,14 @@ def dequantize_row(src, out):
         dequantize_q4_block(src, 0, base + 2, 8, read_f16(src, base), np.float32(0.0), out, b * BLOCK)
 
 
+row_dot = row_dot_kernel(BLOCK_BYTES, qs_offset=2, zero=8)
+
+
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*18] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
-
-    sum((q - 8) * a) = sum(q * a) - 8 * sum(a): the offset folds into the activation's block sum, so the
-    block dot product runs on the unsigned nibbles (see _legacy for why it is explicit vector code).
-    """
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        total = q4_block_dot(w, b * BLOCK_BYTES + 2, aqs, b * BLOCK) - 8 * asum[b]
-        acc += np.float32(total) * (read_f16(w, b * BLOCK_BYTES) * ad[b])
-    return acc
+    Weights d * (q - 8): the offset folds into the activation's block sum (see _legacy.row_dot_kernel)."""
+    return row_dot(w, aqs, ad, asum, aqs.shape[0] // BLOCK)
 
 
 QUANT = QuantType(name="Q4_0", act="q8_0", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)

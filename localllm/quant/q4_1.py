@@ -18,8 +18,8 @@ from ._legacy import (
     f16_bytes,
     f16_column,
     pack_nibbles,
-    q4_block_dot,
     quantize_affine,
+    row_dot_kernel,
     unpack_nibbles,
 )
 from .jit import exact_kernel, fast_kernel, read_f16
@@ -53,20 +53,14 @@ def dequantize_row(src, out):
         dequantize_q4_min_block(src, 0, base + 4, 0, d, m, out, b * BLOCK)
 
 
+row_dot = row_dot_kernel(BLOCK_BYTES, qs_offset=4, min_offset=2)
+
+
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*20] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
-
-    sum((d*q + m) * d_a*a) = d_a * (d * sum(q*a) + m * sum(a)): one integer block dot product, and the
-    minimum through the activation's block sum.
-    """
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        total = q4_block_dot(w, b * BLOCK_BYTES + 4, aqs, b * BLOCK)
-        d = read_f16(w, b * BLOCK_BYTES)
-        m = read_f16(w, b * BLOCK_BYTES + 2)
-        acc += ad[b] * (d * np.float32(total) + m * np.float32(asum[b]))
-    return acc
+    Weights d * q + m: the minimum goes through the activation's block sum (see _legacy.row_dot_kernel)."""
+    return row_dot(w, aqs, ad, asum, aqs.shape[0] // BLOCK)
 
 
 QUANT = QuantType(name="Q4_1", act="q8_0", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)

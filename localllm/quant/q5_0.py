@@ -18,8 +18,8 @@ from ._legacy import (
     f16_column,
     pack_high_bits,
     pack_nibbles,
-    q5_block_dot,
     quantize_symmetric,
+    row_dot_kernel,
     unpack_high_bits,
     unpack_nibbles,
 )
@@ -53,16 +53,14 @@ def dequantize_row(src, out):
         dequantize_q5_block(src, base + 2, base + 6, 16, read_f16(src, base), np.float32(0.0), out, b * BLOCK)
 
 
+row_dot = row_dot_kernel(BLOCK_BYTES, qs_offset=6, qh_offset=2, zero=16)
+
+
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*22] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
-    The -16 offset folds into the activation's block sum, as in q4_0.vec_dot."""
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES
-        total = q5_block_dot(w, base + 2, base + 6, aqs, b * BLOCK) - 16 * asum[b]
-        acc += np.float32(total) * (read_f16(w, base) * ad[b])
-    return acc
+    Weights d * (q - 16): the offset folds into the activation's block sum (see _legacy.row_dot_kernel)."""
+    return row_dot(w, aqs, ad, asum, aqs.shape[0] // BLOCK)
 
 
 QUANT = QuantType(name="Q5_0", act="q8_0", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)

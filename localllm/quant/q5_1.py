@@ -19,8 +19,8 @@ from ._legacy import (
     f16_column,
     pack_high_bits,
     pack_nibbles,
-    q5_block_dot,
     quantize_affine,
+    row_dot_kernel,
     unpack_high_bits,
     unpack_nibbles,
 )
@@ -55,18 +55,14 @@ def dequantize_row(src, out):
         dequantize_q5_min_block(src, base + 4, base + 8, 0, d, m, out, b * BLOCK)
 
 
+row_dot = row_dot_kernel(BLOCK_BYTES, qs_offset=8, qh_offset=4, min_offset=2)
+
+
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*24] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
-    The minimum goes through the activation's block sum, as in q4_1.vec_dot."""
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES
-        total = q5_block_dot(w, base + 4, base + 8, aqs, b * BLOCK)
-        d = read_f16(w, base)
-        m = read_f16(w, base + 2)
-        acc += ad[b] * (d * np.float32(total) + m * np.float32(asum[b]))
-    return acc
+    Weights d * q + m: the minimum goes through the activation's block sum (see _legacy.row_dot_kernel)."""
+    return row_dot(w, aqs, ad, asum, aqs.shape[0] // BLOCK)
 
 
 QUANT = QuantType(name="Q5_1", act="q8_0", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)

@@ -10,13 +10,19 @@ Pairs with q8_0 activations (llama.cpp's vec_dot_type Q8_0).
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
-from .q8_k import as_blocks, as_float_blocks
+from .q8_k import VectorCode, as_blocks, as_float_blocks
 
 BLOCK = 32
 BLOCK_BYTES = 34
+# How far ahead of the block being read to ask for the weights: a few rows of the Gemma output projection
+# (680 bytes a row). Measured +5-10% on a matrix far larger than the caches, one or two threads.
+PREFETCH = 1024
 
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
@@ -53,24 +59,41 @@ def dequantize_row(src, out):
             out[b * BLOCK + j] = d * np.float32(qs[base + j])
 
 
+@intrinsic
+def row_dot(typingctx, w, aqs, ad, n_blocks):
+    """sum_b d_b * ad[b] * <w block b, aqs block b> over n_blocks blocks, float32 (see vec_dot)."""
+    sig = types.float32(w, aqs, ad, n_blocks)
+
+    def codegen(context, builder, signature, args):
+        w_, aqs_, ad_, n_blocks_ = args
+        w_type, aqs_type, ad_type, _ = signature.args
+        v = VectorCode(context, builder)
+        ones = v.constant(1, 16, 16)
+
+        def block(b):
+            base = builder.mul(b, ir.Constant(b.type, BLOCK_BYTES))
+            quants = v.load(w_type, w_, v.offset(base, 2), BLOCK)
+            v.prefetch(w_type, w_, base, PREFETCH)
+            acts = v.load(aqs_type, aqs_, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
+            ints = v.scale_pairs(v.dot_pairs_signed(quants, acts), ones)
+            scale = builder.fmul(v.load_f16_splat(w_type, w_, base), v.splat(v.load_scalar(ad_type, ad_, b), 8))
+            return ints, scale
+
+        return v.row_sum(n_blocks_, block)
+
+    return sig, codegen
+
+
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*34] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
 
-    Why the casts: Numba widens int32 arithmetic to int64, which LLVM then vectorises as slow 64-bit
-    lanes. Products of int16 operands truncated back to int32 at every step let LLVM narrow the loop to
-    32-bit lanes and emit vpmaddwd (16-bit multiply, pairwise add): 1.4x the throughput, measured.
-    |w*a| <= 127*128 and a block sum <= 32*16256 fit easily.
+    llama.cpp's AVX2 scheme: per block, the 32 int8 products summed into eight int32 lanes (two
+    multiply-adds, exact: activations lie in -127..127), converted and scaled by d_w * d_a as a vector and
+    added to float vector accumulators; one horizontal sum per row (row_dot). The auto-vectorised loop it
+    replaces summed every block horizontally and ran at 11 GB/s on one thread.
     """
-    wq = w.view(np.int8)
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES + 2
-        total = np.int32(0)
-        for j in range(BLOCK):
-            total = np.int32(total + np.int32(np.int16(wq[base + j]) * np.int16(aqs[b * BLOCK + j])))
-        acc += np.float32(total) * (read_f16(w, b * BLOCK_BYTES) * ad[b])
-    return acc
+    return row_dot(w, aqs, ad, aqs.shape[0] // BLOCK)
 
 
 QUANT = QuantType(

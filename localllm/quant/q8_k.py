@@ -260,6 +260,86 @@ class VectorCode:
         return self._pairwise_add(self.builder.mul(self.widen(pairs, 32), self.widen(scales, 32)))
 
 
+    # -- whole rows: float accumulation across blocks, as llama.cpp's AVX2 kernels do --
+
+    def load_f16_splat(self, array_type, array, byte_index, lanes: int = 8):
+        """The little-endian float16 at array[byte_index : byte_index + 2] (a uint8 array), converted to
+        float32 and broadcast to `lanes` lanes.
+
+        Why a broadcast rather than a scalar: LLVM loads a lone half into a vector register with vpinsrw,
+        which merges into (so waits for) whatever that register last held, often a float accumulator:
+        measured 7 cycles a Q8_0 block instead of 4. A broadcast load writes the whole register.
+        """
+        data = self.context.make_array(array_type)(self.context, self.builder, array).data
+        pointer = self.builder.bitcast(self.builder.gep(data, [byte_index]), ir.IntType(16).as_pointer())
+        bits = self.splat(self.builder.load(pointer, align=1), lanes)
+        halves = self.builder.bitcast(bits, ir.VectorType(ir.HalfType(), lanes))
+        return self.builder.fpext(halves, ir.VectorType(ir.FloatType(), lanes))
+
+    def prefetch(self, array_type, array, byte_index, distance: int):
+        """Hint the cache to fetch the line `distance` bytes past array[byte_index] (never faults)."""
+        data = self.context.make_array(array_type)(self.context, self.builder, array).data
+        pointer = self.builder.gep(data, [self.offset(byte_index, distance)])
+        i8p = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
+        fn = cgutils.get_or_insert_function(self.builder.module, fnty, "llvm.prefetch.p0i8")
+        i32 = ir.IntType(32)
+        self.builder.call(fn, [self.builder.bitcast(pointer, i8p), i32(0), i32(3), i32(1)])
+
+    def load_scalar(self, array_type, array, index):
+        data = self.context.make_array(array_type)(self.context, self.builder, array).data
+        return self.builder.load(self.builder.gep(data, [index]))
+
+    def splat(self, value, lanes: int):
+        vec = ir.Constant(ir.VectorType(value.type, lanes), ir.Undefined)
+        vec = self.builder.insert_element(vec, value, ir.Constant(ir.IntType(32), 0))
+        return self.builder.shuffle_vector(vec, vec, self._lane_list([0] * lanes))
+
+    def float_sum(self, vec):
+        """Sum of the lanes of a float vector by halving (a short tree, not a serial chain)."""
+        while vec.type.count > 1:
+            half = vec.type.count // 2
+            vec = self.builder.fadd(self.shuffle(vec, range(half)), self.shuffle(vec, range(half, 2 * half)))
+        return self.builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
+
+    def row_sum(self, n_blocks, block, accumulators: int = 2):
+        """sum over b < n_blocks of scale_b * sum(ints_b) [+ extra_b], where block(b) returns (ints_b
+        <8 x i32>, scale_b float) or (ints_b, scale_b, extra_b float or None).
+
+        The int32 lanes are converted and scaled as a vector and added into float vector accumulators,
+        so a block costs no horizontal sum; `accumulators` independent sums (blocks taken in groups of
+        that many, the rest one at a time) keep the float adds from forming a single dependency chain.
+        Returns the float32 total.
+        """
+        builder = self.builder
+        vec8f = ir.VectorType(ir.FloatType(), 8)
+        zero = ir.Constant(vec8f, [0.0] * 8)
+        sums = [cgutils.alloca_once_value(builder, zero) for _ in range(accumulators)]
+        step = ir.Constant(n_blocks.type, accumulators)
+
+        def add_block(acc_pointer, b):
+            ints, scale, *extra = block(b)
+            if not isinstance(scale.type, ir.VectorType):
+                scale = self.splat(scale, 8)
+            scaled = builder.fmul(builder.sitofp(ints, vec8f), scale)
+            if extra and extra[0] is not None:  # a float term of its own (a minimum's contribution)
+                lane0 = builder.insert_element(zero, extra[0], ir.Constant(ir.IntType(32), 0))
+                scaled = builder.fadd(scaled, lane0)
+            builder.store(builder.fadd(builder.load(acc_pointer), scaled), acc_pointer)
+
+        groups = builder.udiv(n_blocks, step)
+        with cgutils.for_range(builder, groups) as loop:
+            first = builder.mul(loop.index, step)
+            for i, acc_pointer in enumerate(sums):
+                add_block(acc_pointer, builder.add(first, ir.Constant(first.type, i)))
+        with cgutils.for_range(builder, n_blocks, start=builder.mul(groups, step)) as loop:
+            add_block(sums[0], loop.index)
+        total = builder.load(sums[0])
+        for acc_pointer in sums[1:]:
+            total = builder.fadd(total, builder.load(acc_pointer))
+        return self.float_sum(total)
+
+
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., nb*292] -> float32[..., nb*256]."""
     blocks = as_blocks(raw, BLOCK_BYTES, "Q8_K")
