@@ -21,7 +21,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .q8_k import VectorCode
+from .q8_k import PREFETCH_BYTES, VectorCode
 
 BLOCK = 32
 
@@ -168,6 +168,7 @@ def row_dot_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: int =
             def block(b):
                 base = builder.mul(b, ir.Constant(b.type, block_bytes))
                 quants = _nibbles(v, w_type, w_, v.offset(base, qs_offset))
+                v.prefetch(w_type, w_, base, PREFETCH_BYTES)
                 if qh_offset is not None:
                     quants = v.or_(quants, _fifth_bits(v, w_type, w_, v.offset(base, qh_offset)))
                 acts = v.load(aqs_type, aqs_, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)

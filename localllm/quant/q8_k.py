@@ -108,6 +108,10 @@ def nearest_int(value):
 # Numba's cache keys compiled code on the CPU name and features, so a cached kernel is never reused on a
 # machine with a different instruction set.
 
+# How far ahead of the block being read a row kernel asks for the weights (VectorCode.prefetch): a few
+# short rows. Measured on the Q8_0 matvec over a matrix far larger than the caches: +5-10%.
+PREFETCH_BYTES = 1024
+
 VECTOR_ISA = "auto"  # "auto": AVX2 where the target has it; "generic": portable IR only
 
 
@@ -302,42 +306,31 @@ class VectorCode:
             vec = self.builder.fadd(self.shuffle(vec, range(half)), self.shuffle(vec, range(half, 2 * half)))
         return self.builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
 
-    def row_sum(self, n_blocks, block, accumulators: int = 2):
+    def row_sum(self, n_blocks, block):
         """sum over b < n_blocks of scale_b * sum(ints_b) [+ extra_b], where block(b) returns (ints_b
-        <8 x i32>, scale_b float) or (ints_b, scale_b, extra_b float or None).
+        <8 x i32>, scale_b float or <8 x float>) or (ints_b, scale_b, extra_b float or None).
 
-        The int32 lanes are converted and scaled as a vector and added into float vector accumulators,
-        so a block costs no horizontal sum; `accumulators` independent sums (blocks taken in groups of
-        that many, the rest one at a time) keep the float adds from forming a single dependency chain.
+        The int32 lanes are converted and scaled as a vector and added into one float vector accumulator
+        in block order, then summed by halving: the order of llama.cpp's AVX2 kernels (a fused
+        multiply-add per block, then hsum_float_8); 14 of the 18 Q8_0 dot products in llama.cpp's
+        reference vectors come out bit-identical. The order matters more than it seems: with the blocks
+        split over two accumulators (no faster here, measured) Gemma 3's KL against llama.cpp's logits
+        at a 6-token prompt doubled, 0.0066 -> 0.0122.
         Returns the float32 total.
         """
         builder = self.builder
         vec8f = ir.VectorType(ir.FloatType(), 8)
         zero = ir.Constant(vec8f, [0.0] * 8)
-        sums = [cgutils.alloca_once_value(builder, zero) for _ in range(accumulators)]
-        step = ir.Constant(n_blocks.type, accumulators)
-
-        def add_block(acc_pointer, b):
-            ints, scale, *extra = block(b)
+        acc_pointer = cgutils.alloca_once_value(builder, zero)
+        with cgutils.for_range(builder, n_blocks) as loop:
+            ints, scale, *extra = block(loop.index)
             if not isinstance(scale.type, ir.VectorType):
                 scale = self.splat(scale, 8)
             scaled = builder.fmul(builder.sitofp(ints, vec8f), scale)
             if extra and extra[0] is not None:  # a float term of its own (a minimum's contribution)
-                lane0 = builder.insert_element(zero, extra[0], ir.Constant(ir.IntType(32), 0))
-                scaled = builder.fadd(scaled, lane0)
+                scaled = builder.fadd(scaled, builder.insert_element(zero, extra[0], ir.Constant(ir.IntType(32), 0)))
             builder.store(builder.fadd(builder.load(acc_pointer), scaled), acc_pointer)
-
-        groups = builder.udiv(n_blocks, step)
-        with cgutils.for_range(builder, groups) as loop:
-            first = builder.mul(loop.index, step)
-            for i, acc_pointer in enumerate(sums):
-                add_block(acc_pointer, builder.add(first, ir.Constant(first.type, i)))
-        with cgutils.for_range(builder, n_blocks, start=builder.mul(groups, step)) as loop:
-            add_block(sums[0], loop.index)
-        total = builder.load(sums[0])
-        for acc_pointer in sums[1:]:
-            total = builder.fadd(total, builder.load(acc_pointer))
-        return self.float_sum(total)
+        return self.float_sum(builder.load(acc_pointer))
 
 
 def dequantize(raw: np.ndarray) -> np.ndarray:

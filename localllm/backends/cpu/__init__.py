@@ -34,6 +34,32 @@ def physical_cores() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
 
 
+def _numba_threads_now() -> int:
+    """numba.get_num_threads() without its lock: that function first makes sure the thread pool is
+    launched (taking a lock, ~4 us), then reads a thread-local through the threading layer. Once the pool
+    is up (any CPUBackend launches it) the read alone is what we need; Numba's public function is the
+    fallback if its internals move."""
+    return _read_numba_threads()
+
+
+_read_numba_threads = None
+
+
+def _resolve_numba_threads_reader():
+    numba.get_num_threads()  # launches the pool, which sets the reader up
+    from numba.np.ufunc import parallel
+
+    reader = getattr(parallel, "_get_num_threads", None)
+    if reader is None:
+        return numba.get_num_threads
+    try:
+        if int(reader()) == numba.get_num_threads():
+            return reader
+    except Exception:  # pragma: no cover - depends on Numba internals
+        pass
+    return numba.get_num_threads
+
+
 class CPUBackend(Backend):
     name = "cpu"
 
@@ -43,6 +69,9 @@ class CPUBackend(Backend):
             raise LocalLLMError(f"threads must be >= 1, got {self.threads}")
         self._numba_threads = min(self.threads, numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(self._numba_threads)
+        global _read_numba_threads
+        if _read_numba_threads is None:
+            _read_numba_threads = _resolve_numba_threads_reader()
         # Prefill multiplies through NumPy's BLAS: it gets the same thread count as our kernels.
         import threadpoolctl
 
@@ -81,9 +110,9 @@ class CPUBackend(Backend):
         between calls, and parallel Numba kernels in between fight them for the cores (measured on
         Gemma 3 270M pp512, 2 threads: 272 tok/s with 2-thread kernels, 546 with 1-thread ones)."""
         wanted = 1 if rows >= BLAS_MIN_ROWS else self._numba_threads
-        # set_num_threads costs ~5 us with its locking, and a token runs ~300 ops; the setting is per
-        # calling thread, so it is read back rather than remembered here.
-        if numba.get_num_threads() != wanted:
+        # The setting is per calling thread (and others may change it), so it is read back rather than
+        # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
+        if _numba_threads_now() != wanted:
             numba.set_num_threads(wanted)
 
     def rms_norm(self, x, weight, eps, out) -> None:
