@@ -89,9 +89,45 @@ def dequantize(raw: np.ndarray) -> np.ndarray:
     return out.reshape(*np.shape(raw)[:-1], -1)
 
 
+@intrinsic
+def dequantize_pair(typingctx, src, qs, out, o, step_lo, off_lo, step_hi, off_hi):
+    """out[o : o + 32] = step_lo * low nibbles - off_lo and out[o + 32 : o + 64] = step_hi * high nibbles
+    - off_hi, for the 32 bytes at src[qs:] (one pair of sub-blocks)."""
+    sig = types.void(src, qs, out, o, step_lo, off_lo, step_hi, off_hi)
+
+    def codegen(context, builder, signature, args):
+        src_, qs_, out_, o_, step_lo_, off_lo_, step_hi_, off_hi_ = args
+        v = VectorCode(context, builder)
+        packed = v.load(signature.args[0], src_, qs_, SUB)
+        out_type = signature.args[2]
+        v.store_dequantized(
+            out_type,
+            out_,
+            o_,
+            v.and_(packed, 15),
+            False,
+            (step_lo_, step_lo_),
+            (off_lo_, off_lo_),
+        )
+        v.store_dequantized(
+            out_type,
+            out_,
+            v.offset(o_, SUB),
+            v.shr(packed, 4),
+            False,
+            (step_hi_, step_hi_),
+            (off_hi_, off_hi_),
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @exact_kernel
 def dequantize_row(src, out):
-    """src: uint8[nb*144] -> out: float32[nb*256]."""
+    """src: uint8[nb*144] -> out: float32[nb*256]. Each lane step * q - offset, with step = d * scale and
+    offset = dmin * min rounded to float32 first, as the NumPy reference (and gguf-py) compute it; the
+    64 elements of a sub-block pair in one vector step (dequantize_pair): the scalar loop ran at 0.4 GB/s."""
     for b in range(out.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
         d = read_f16(src, base + _D)
@@ -99,14 +135,16 @@ def dequantize_row(src, out):
         for c in range(N_SUB // 2):
             sc_lo, mn_lo = scale_min(src, base + _SCALES, 2 * c)
             sc_hi, mn_hi = scale_min(src, base + _SCALES, 2 * c + 1)
-            step_lo, off_lo = d * np.float32(sc_lo), dmin * np.float32(mn_lo)
-            step_hi, off_hi = d * np.float32(sc_hi), dmin * np.float32(mn_hi)
-            qbase = base + _QS + SUB * c
-            obase = b * BLOCK + 2 * SUB * c
-            for l in range(SUB):
-                q = src[qbase + l]
-                out[obase + l] = step_lo * np.float32(q & 15) - off_lo
-                out[obase + SUB + l] = step_hi * np.float32(q >> 4) - off_hi
+            dequantize_pair(
+                src,
+                base + _QS + SUB * c,
+                out,
+                b * BLOCK + 2 * SUB * c,
+                d * np.float32(sc_lo),
+                dmin * np.float32(mn_lo),
+                d * np.float32(sc_hi),
+                dmin * np.float32(mn_hi),
+            )
 
 
 # ----- dot product with a q8_k activation -----
@@ -129,7 +167,11 @@ def scale_min_words(w, offset):
     low = read_u32(w, offset)  # scales 0..3 and the top bits of scales 4..7
     mid = read_u32(w, offset + 4)  # mins 0..3 and the top bits of mins 4..7
     high = read_u32(w, offset + 8)  # low 4 bits of scales 4..7 | mins 4..7 << 4
-    six_bits, four_bits, two_bits = np.uint32(0x3F3F3F3F), np.uint32(0x0F0F0F0F), np.uint32(0x03030303)
+    six_bits, four_bits, two_bits = (
+        np.uint32(0x3F3F3F3F),
+        np.uint32(0x0F0F0F0F),
+        np.uint32(0x03030303),
+    )
     scales_0_3 = low & six_bits
     scales_4_7 = (high & four_bits) | (((low >> np.uint32(6)) & two_bits) << np.uint32(4))
     mins_0_3 = mid & six_bits
@@ -339,7 +381,15 @@ def fit_sub_blocks(x, levels, sub_scales, sub_mins, nmax, rmin, rdelta, nstep):
         for i in range(SUB):
             weights[i] = av_x + abs(xs[i])
         sub_scales[k], sub_mins[k] = make_qkx2_quants(
-            nmax, xs, weights, levels[SUB * k : SUB * k + SUB], scratch, rmin, rdelta, nstep, False
+            nmax,
+            xs,
+            weights,
+            levels[SUB * k : SUB * k + SUB],
+            scratch,
+            rmin,
+            rdelta,
+            nstep,
+            False,
         )
 
 

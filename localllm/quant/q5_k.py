@@ -17,6 +17,7 @@ Pairs with q8_k activations. The quantizer is llama.cpp's quantize_row_q5_K_ref 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 
@@ -57,9 +58,47 @@ def dequantize(raw: np.ndarray) -> np.ndarray:
     return out.reshape(*np.shape(raw)[:-1], -1)
 
 
+@intrinsic
+def dequantize_pair(typingctx, src, qs, qh, c, out, o, step_lo, off_lo, step_hi, off_hi):
+    """Sub-blocks 2c and 2c+1 of a block: nibbles at src[qs : qs + 32], fifth bits 2c and 2c+1 of the
+    32 bytes at src[qh:]; out[o : o + 64] = step * q - offset (each half with its own step and offset)."""
+    sig = types.void(src, qs, qh, c, out, o, step_lo, off_lo, step_hi, off_hi)
+
+    def codegen(context, builder, signature, args):
+        src_, qs_, qh_, c_, out_, o_, step_lo_, off_lo_, step_hi_, off_hi_ = args
+        v = VectorCode(context, builder)
+        src_type, out_type = signature.args[0], signature.args[4]
+        packed = v.load(src_type, src_, qs_, SUB)
+        shift = v.splat(builder.trunc(builder.shl(c_, ir.Constant(c_.type, 1)), ir.IntType(8)), SUB)
+        high = builder.lshr(v.load(src_type, src_, qh_, SUB), shift)  # bit 2c now bit 0, bit 2c+1 bit 1
+        low_quants = v.or_(v.and_(packed, 15), v.shl(v.and_(high, 1), 4))
+        high_quants = v.or_(v.shr(packed, 4), v.shl(v.and_(high, 2), 3))
+        v.store_dequantized(
+            out_type,
+            out_,
+            o_,
+            low_quants,
+            False,
+            (step_lo_, step_lo_),
+            (off_lo_, off_lo_),
+        )
+        v.store_dequantized(
+            out_type,
+            out_,
+            v.offset(o_, SUB),
+            high_quants,
+            False,
+            (step_hi_, step_hi_),
+            (off_hi_, off_hi_),
+        )
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @exact_kernel
 def dequantize_row(src, out):
-    """src: uint8[nb*176] -> out: float32[nb*256]."""
+    """src: uint8[nb*176] -> out: float32[nb*256]; as Q4_K's (vector code per sub-block pair)."""
     for b in range(out.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
         d = read_f16(src, base + _D)
@@ -67,15 +106,18 @@ def dequantize_row(src, out):
         for c in range(N_SUB // 2):
             sc_lo, mn_lo = scale_min(src, base + _SCALES, 2 * c)
             sc_hi, mn_hi = scale_min(src, base + _SCALES, 2 * c + 1)
-            step_lo, off_lo = d * np.float32(sc_lo), dmin * np.float32(mn_lo)
-            step_hi, off_hi = d * np.float32(sc_hi), dmin * np.float32(mn_hi)
-            qbase = base + _QS + SUB * c
-            obase = b * BLOCK + 2 * SUB * c
-            for l in range(SUB):
-                q = src[qbase + l]
-                high = np.int32(src[base + _QH + l]) >> (2 * c)
-                out[obase + l] = step_lo * np.float32((q & 15) | ((high & 1) << 4)) - off_lo
-                out[obase + SUB + l] = step_hi * np.float32((q >> 4) | ((high & 2) << 3)) - off_hi
+            dequantize_pair(
+                src,
+                base + _QS + SUB * c,
+                base + _QH,
+                c,
+                out,
+                b * BLOCK + 2 * SUB * c,
+                d * np.float32(sc_lo),
+                dmin * np.float32(mn_lo),
+                d * np.float32(sc_hi),
+                dmin * np.float32(mn_hi),
+            )
 
 
 @intrinsic

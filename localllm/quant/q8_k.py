@@ -290,6 +290,28 @@ class VectorCode:
         i32 = ir.IntType(32)
         self.builder.call(fn, [self.builder.bitcast(pointer, i8p), i32(0), i32(3), i32(1)])
 
+    def store_dequantized(self, out_type, out, index, quants, signed: bool, steps, offsets=None):
+        """out[index : index + 32] = step * float(q) [- offset], lane by lane, as IEEE float32 operations
+        without fast-math flags (so each lane equals the scalar reference exactly).
+
+        quants: <32 x i8> (signed or unsigned); steps and offsets: (first 16 lanes, last 16 lanes) pairs of
+        float32 scalars (K-quant scales change every 16 or 32 elements)."""
+        builder = self.builder
+        lanes = quants.type.count
+        floats_type = ir.VectorType(ir.FloatType(), lanes)
+
+        def halves(pair):
+            first, last = (self.splat(value, lanes // 2) for value in pair)
+            return self.join(first, last)
+
+        values = (builder.sitofp if signed else builder.uitofp)(quants, floats_type)
+        result = builder.fmul(halves(steps), values)
+        if offsets is not None:
+            result = builder.fsub(result, halves(offsets))
+        data = self.context.make_array(out_type)(self.context, builder, out).data
+        pointer = builder.bitcast(builder.gep(data, [index]), floats_type.as_pointer())
+        builder.store(result, pointer, align=4)
+
     def load_scalar(self, array_type, array, index):
         data = self.context.make_array(array_type)(self.context, self.builder, array).data
         return self.builder.load(self.builder.gep(data, [index]))
