@@ -8,6 +8,7 @@ import sys
 import typer
 
 from . import bench as bench_cmd
+from . import chat as chat_cmd
 from . import run as run_cmd
 from . import show as show_cmd
 from . import tokenize as tokenize_cmd
@@ -17,9 +18,32 @@ app = typer.Typer(
     name="localllm",
     help="Run quantized GGUF language models locally.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"localllm {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_version, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(
+        False, "--debug", help="Show full tracebacks on errors (also LOCALLLM_DEBUG=1).", envvar="LOCALLLM_DEBUG"
+    ),
+) -> None:
+    """Run quantized GGUF language models locally."""
+
+
+app.command("chat")(chat_cmd.chat)
 app.command("show")(show_cmd.show)
 app.command("run")(run_cmd.run)
 app.command("tokenize")(tokenize_cmd.tokenize)

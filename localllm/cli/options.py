@@ -7,8 +7,13 @@ from typing import List, Optional
 import typer
 
 Model = typer.Argument(None, help="Model path or name (default: the built-in Gemma 3 270M).")
-Threads = typer.Option(None, "--threads", "-t", help="CPU threads (default: physical cores).")
-Ctx = typer.Option(None, "--ctx", "-c", help="Context size in tokens (default: trained context, capped by memory).")
+Threads = typer.Option(
+    None, "--threads", "-t", help="CPU threads (default: physical cores).", envvar="LOCALLLM_THREADS", min=1
+)
+Ctx = typer.Option(
+    None, "--ctx", "-c", help="Context size in tokens (default: trained context, capped by memory).",
+    envvar="LOCALLLM_CTX", min=16,
+)
 MaxTokens = typer.Option(256, "--max-tokens", "-n", help="Stop after this many generated tokens.")
 Temperature = typer.Option(0.8, "--temperature", help="0 = greedy.")
 TopK = typer.Option(40, "--top-k")

@@ -1,0 +1,323 @@
+"""`localllm chat [MODEL]`: an interactive conversation, streamed, with slash commands.
+
+The conversation itself (messages, settings, the KV cache kept across turns, save/load) is
+localllm.chat.conversation.Conversation; this module reads lines and prints events.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.markup import escape
+
+from ..errors import LocalLLMError
+from . import options as opt
+from . import ui
+
+PROMPT = ">>> "
+CONTINUATION = "... "
+MULTILINE = '"""'
+
+HELP = """\
+Commands:
+  /set                 show the settings
+  /set NAME VALUE      temperature, top_k, top_p, min_p, repeat_penalty, seed (none = random),
+                       max_tokens, ctx (reloads the model), system (the rest of the line), verbose on|off
+  /show                the model and the current settings
+  /stats               timings of the last reply and how full the context is
+  /clear               forget the conversation (the system prompt stays)
+  /regen               answer the last message again
+  /save FILE           save the conversation as JSON
+  /load FILE           load a conversation saved with /save
+  /bye                 exit (Ctrl-D works too)
+Start and end a multi-line message with \"\"\". Ctrl-C stops a reply; the conversation goes on."""
+
+
+def chat(
+    model: Optional[str] = opt.Model,
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt.", envvar="LOCALLLM_SYSTEM"),
+    max_tokens: int = typer.Option(512, "--max-tokens", "-n", help="Longest reply, in tokens."),
+    temperature: float = opt.Temperature,
+    top_k: int = opt.TopK,
+    top_p: float = opt.TopP,
+    min_p: float = opt.MinP,
+    repeat_penalty: float = opt.RepeatPenalty,
+    seed: Optional[int] = opt.Seed,
+    ctx: Optional[int] = opt.Ctx,
+    threads: Optional[int] = opt.Threads,
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print time to first token and speeds after each reply."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Download the model without asking if it is not local."),
+) -> None:
+    """Chat with a model (default: the built-in Gemma 3 270M)."""
+    from ..chat.conversation import ChatSettings, Conversation
+
+    settings = ChatSettings(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+        seed=seed, max_tokens=max_tokens, verbose=verbose,
+    )
+    try:
+        settings.sampling()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if max_tokens < 1:
+        raise typer.BadParameter("--max-tokens must be >= 1")
+    llm = load_with_status(model, ctx, threads, yes)
+    conversation = Conversation(llm, system=system, settings=settings)
+    Repl(conversation, threads).run()
+
+
+def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional[int], yes: bool = False):
+    """Resolve MODEL (pulling it if needed), say what it will take in memory, then load with a spinner."""
+    import localllm
+    from ..api import estimate_memory
+    from ..hub.resolve import resolve_model
+
+    path = resolve_model(model, pull=True, assume_yes=yes) if _resolve_accepts_pull() else resolve_model(model)
+    memory = estimate_memory(path, ctx)
+    ui.err_console.print(
+        f"[dim]{Path(path).name}: {ui.human_bytes(memory.weights_bytes)} of weights (mapped) + "
+        f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]"
+    )
+    with ui.err_console.status(f"loading {Path(path).name}"):
+        return localllm.load(path, n_ctx=ctx, threads=threads)
+
+
+def _resolve_accepts_pull() -> bool:
+    import inspect
+
+    from ..hub.resolve import resolve_model
+
+    return "pull" in inspect.signature(resolve_model).parameters
+
+
+class Repl:
+    def __init__(self, conversation, threads: Optional[int]):
+        self.conversation = conversation
+        self.threads = threads
+        self.history_file = _history_path()
+
+    # -- the loop --
+
+    def run(self) -> None:
+        self._setup_readline()
+        ui.console.print("[dim]Type a message, /help for commands, /bye or Ctrl-D to exit.[/dim]")
+        while True:
+            try:
+                line = self._read_message()
+            except EOFError:
+                sys.stdout.write("\n")
+                return
+            except KeyboardInterrupt:
+                sys.stdout.write("\n")
+                ui.console.print("[dim](Ctrl-D or /bye to exit)[/dim]")
+                continue
+            if line is None or not line.strip():
+                continue
+            if line.startswith("/"):
+                if self._command(line.strip()) == "bye":
+                    return
+                continue
+            self._stream(lambda: self.conversation.send(line))
+
+    def _read_message(self) -> Optional[str]:
+        line = input(PROMPT)
+        if not line.lstrip().startswith(MULTILINE):
+            return line
+        text = line.lstrip()[len(MULTILINE):]
+        lines = []
+        while True:
+            if text.rstrip().endswith(MULTILINE):
+                lines.append(text.rstrip()[: -len(MULTILINE)])
+                return "\n".join(lines)
+            lines.append(text)
+            text = input(CONTINUATION)
+
+    def _stream(self, start) -> None:
+        """Print a reply as it is generated; Ctrl-C stops it and keeps the conversation."""
+        conversation = self.conversation
+        try:
+            stream = start()
+        except LocalLLMError as exc:
+            ui.err_console.print(f"error: {exc}")
+            return
+        try:
+            for event in stream:
+                if event.kind == "token":
+                    sys.stdout.write(event.text)
+                    sys.stdout.flush()
+        except KeyboardInterrupt:
+            stream.close()
+            sys.stdout.write("\n")
+            ui.console.print("[dim](stopped)[/dim]")
+            return
+        except LocalLLMError as exc:
+            sys.stdout.write("\n")
+            ui.err_console.print(f"error: {exc}")
+            return
+        sys.stdout.write("\n")
+        last = conversation.last
+        if last and last.dropped_messages:
+            ui.console.print(f"[yellow]The conversation was longer than the context ({last.n_ctx} tokens): the "
+                             f"{last.dropped_messages} oldest message(s) were left out of it.[/yellow]")
+        if conversation.settings.verbose and last:
+            ui.console.print(f"[dim]{_timing_line(last)}[/dim]")
+        if conversation.near_full():
+            used, n_ctx = conversation.context_used(), conversation.model.n_ctx
+            ui.console.print(f"[yellow]Context {used}/{n_ctx} tokens: the oldest messages will be dropped soon "
+                             "(/clear starts over, /set ctx N makes room).[/yellow]")
+
+    # -- slash commands --
+
+    def _command(self, line: str) -> Optional[str]:
+        name, _, rest = line.partition(" ")
+        rest = rest.strip()
+        handlers = {
+            "/bye": lambda: "bye", "/exit": lambda: "bye", "/quit": lambda: "bye",
+            "/help": self._help, "/?": self._help,
+            "/set": lambda: self._set(rest),
+            "/show": self._show,
+            "/stats": self._stats,
+            "/clear": self._clear,
+            "/regen": lambda: self._stream(self.conversation.regenerate),
+            "/save": lambda: self._save(rest),
+            "/load": lambda: self._load(rest),
+        }
+        handler = handlers.get(name)
+        if handler is None:
+            ui.err_console.print(f"unknown command {name} (/help lists them)")
+            return None
+        try:
+            return handler()
+        except LocalLLMError as exc:
+            ui.err_console.print(f"error: {exc}")
+        except OSError as exc:
+            ui.err_console.print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+        return None
+
+    def _help(self) -> None:
+        ui.console.print(HELP, markup=False)
+
+    def _set(self, rest: str) -> None:
+        conversation = self.conversation
+        if not rest:
+            self._print_settings()
+            return
+        name, _, value = rest.partition(" ")
+        if name == "system":
+            conversation.set_system(value.strip() or None)
+            ui.console.print("[dim]system prompt " + ("set" if value.strip() else "cleared") + "[/dim]")
+            return
+        if name == "ctx":
+            self._reload_with_ctx(value)
+            return
+        if not value.strip():
+            raise LocalLLMError(f"/set {name} needs a value")
+        conversation.settings.set(name, value)
+        ui.console.print(f"[dim]{name} = {getattr(conversation.settings, name)}[/dim]")
+
+    def _reload_with_ctx(self, value: str) -> None:
+        from ..chat.conversation import Conversation
+
+        try:
+            n_ctx = int(value)
+        except ValueError:
+            raise LocalLLMError(f"ctx must be an integer, got '{value.strip()}'") from None
+        old = self.conversation
+        llm = load_with_status(str(old.model.path), n_ctx, self.threads)
+        new = Conversation(llm, settings=old.settings)
+        new.messages = old.messages
+        old.model.close()
+        self.conversation = new
+        ui.console.print(f"[dim]context = {llm.n_ctx} tokens[/dim]")
+
+    def _print_settings(self) -> None:
+        conversation = self.conversation
+        for key, value in vars(conversation.settings).items():
+            ui.console.print(f"  {key:<15} {value}")
+        ui.console.print(f"  {'ctx':<15} {conversation.model.n_ctx}")
+        ui.console.print(f"  {'system':<15} {conversation.system!r}")
+
+    def _show(self) -> None:
+        from ..model.info import describe
+
+        info = describe(self.conversation.model.reader)
+        ui.print_model_summary(info)
+        ui.console.print("[bold]settings[/bold]")
+        self._print_settings()
+
+    def _stats(self) -> None:
+        conversation = self.conversation
+        if conversation.last:
+            ui.console.print(_timing_line(conversation.last))
+        else:
+            ui.console.print("no reply yet")
+        ui.console.print(f"context: {conversation.context_used()} of {conversation.model.n_ctx} tokens, "
+                         f"{len(conversation.messages)} messages")
+
+    def _clear(self) -> None:
+        self.conversation.clear()
+        ui.console.print("[dim]conversation cleared[/dim]")
+
+    def _save(self, rest: str) -> None:
+        if not rest:
+            raise LocalLLMError("/save needs a file name")
+        self.conversation.save(Path(rest))
+        ui.console.print(f"[dim]saved {len(self.conversation.messages)} messages to {rest}[/dim]")
+
+    def _load(self, rest: str) -> None:
+        if not rest:
+            raise LocalLLMError("/load needs a file name")
+        self.conversation.load(Path(rest))
+        messages = self.conversation.messages
+        ui.console.print(f"[dim]loaded {len(messages)} messages from {rest}[/dim]")
+        for message in messages:
+            if message["role"] != "system":
+                ui.console.print(f"[bold]{message['role']}:[/bold] {escape(message['content'])}")
+
+    # -- readline --
+
+    def _setup_readline(self) -> None:
+        try:
+            import readline
+        except ImportError:  # pragma: no cover - Windows without pyreadline
+            return
+        try:
+            self.history_file.parent.mkdir(parents=True, exist_ok=True)
+            if self.history_file.exists():
+                readline.read_history_file(self.history_file)
+            readline.set_history_length(1000)
+        except OSError:
+            return
+        import atexit
+
+        atexit.register(_save_history, readline, self.history_file)
+
+
+def _save_history(readline, path: Path) -> None:
+    try:
+        readline.write_history_file(path)
+    except OSError:
+        pass
+
+
+def _history_path() -> Path:
+    configured = os.environ.get("LOCALLLM_HISTORY")
+    if configured:
+        return Path(configured).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "localllm" / "history"
+
+
+def _timing_line(stats) -> str:
+    t = stats.timings
+    new_tokens = t.prompt_tokens - t.cached_tokens
+    prompt_rate = new_tokens / t.prompt_seconds if t.prompt_seconds > 0 else 0.0
+    return (
+        f"time to first token {t.time_to_first_token:.2f} s · prompt {new_tokens} new tokens "
+        f"({t.cached_tokens} cached) at {prompt_rate:.1f} tok/s · reply {t.generated_tokens} tokens at "
+        f"{t.generation_tps:.1f} tok/s · context {stats.context_used}/{stats.n_ctx}"
+    )
