@@ -57,3 +57,19 @@ class ContextOverflow(LocalLLMError):
 
 class TensorError(LocalLLMError):
     """A model tensor that is missing, mis-shaped or of the wrong type."""
+
+
+class Unauthorized(LocalLLMError):
+    """The Hub refused a download: a gated or private repository, or a token without access (see HF_TOKEN)."""
+
+
+class NetworkError(LocalLLMError):
+    """The Hub could not be reached, or a transfer broke off (a pull resumes when run again)."""
+
+
+class InsufficientDiskSpace(LocalLLMError):
+    """Not enough free space on disk for what is about to be written."""
+
+
+class UnsupportedModelFile(LocalLLMError):
+    """A model file localllm cannot take, such as a split GGUF (-00001-of-0000N)."""
