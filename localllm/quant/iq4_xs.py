@@ -12,18 +12,23 @@ Sub-block k = 0..7 holds elements 32k..32k+31; its scale is the 6-bit value abov
 Weight = (d * scale_k) * KVALUES[index], the product d*scale rounded to float32 first.
 
 Pairs with q8_k activations.
+
+The quantizer is ggml's `quantize_iq4_xs` without an importance matrix: each sub-block's float scale
+fitted as IQ4_NL does (`iq4_nl.fit_scale`), the super-block scale d = -(the scale of largest magnitude)/32,
+the sub-block scales rounded to d * (-32..31), and the levels chosen again for the rounded scales.
+Checked bit for bit against ggml's C function (tests/data/quantize/iq4_reference.npz).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from numba import types
+from numba import prange, types
 from numba.extending import intrinsic
 
 from . import QuantType
-from .iq4_nl import KVALUES, lookup_nibbles
-from .jit import exact_kernel, fast_kernel, read_f16
-from .q8_k import QK_K, VectorCode, as_blocks, f16_field
+from .iq4_nl import KVALUES, fit_scale, lookup_nibbles, pack_levels
+from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, read_f16
+from .q8_k import QK_K, VectorCode, as_blocks, as_float_blocks, f16_field, nearest_int
 
 BLOCK = QK_K
 BLOCK_BYTES = 136
@@ -118,11 +123,59 @@ def vec_dot(w, aqs, ad, asum):
     return acc
 
 
+# ----- quantization (ggml's quantize_iq4_xs, no importance matrix) -----
+
+
+@exact_kernel
+def quantize_block(xb, block):
+    """xb: float32[256] -> block: uint8[136]."""
+    scales = np.empty(N_SUB, dtype=np.float32)
+    max_scale = np.float32(0.0)  # the sub-block scale of largest magnitude, with its sign
+    for k in range(N_SUB):
+        scales[k] = fit_scale(xb[SUB * k : SUB * k + SUB])
+        if abs(scales[k]) > abs(max_scale):
+            max_scale = scales[k]
+    d = -max_scale / np.float32(32.0)  # -0.0 for an all-zero block, stored as such (ggml does too)
+    bits = f32_to_f16_bits(d)
+    block[_D] = bits & 255
+    block[_D + 1] = bits >> 8
+    inv_d = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
+    scales_h = 0
+    for k in range(N_SUB):
+        code = min(max(nearest_int(inv_d * scales[k]), -32), 31)
+        # levels for the rounded sub-block scale, taken with the float32 d (not its float16 rounding)
+        step = d * np.float32(code)
+        pack_levels(xb[SUB * k : SUB * k + SUB], np.float32(1.0) / step if step != np.float32(0.0) else np.float32(0.0), block, _QS + 16 * k)
+        code += 32
+        if k % 2 == 0:
+            block[_SCALES_L + k // 2] = code & 15
+        else:
+            block[_SCALES_L + k // 2] |= (code & 15) << 4
+        scales_h |= (code >> 4) << (2 * k)
+    block[_SCALES_H] = scales_h & 255
+    block[_SCALES_H + 1] = scales_h >> 8
+
+
+@exact_kernel(parallel=True)
+def _quantize_blocks(x, out):
+    """x: float32[nb, 256] -> out: uint8[nb, 136]; blocks are independent, so in parallel."""
+    for b in prange(x.shape[0]):
+        quantize_block(x[b], out[b])
+
+
+def quantize(x: np.ndarray) -> np.ndarray:
+    """float32[..., n] -> uint8[..., n/256*136], as ggml's quantize_iq4_xs without an importance matrix."""
+    blocks = as_float_blocks(x, BLOCK, "IQ4_XS")
+    out = np.empty((blocks.shape[0], BLOCK_BYTES), dtype=np.uint8)
+    _quantize_blocks(blocks, out)
+    return out.reshape(*np.shape(x)[:-1], -1)
+
+
 QUANT = QuantType(
     name="IQ4_XS",
     act="q8_k",
     dequantize=dequantize,
     dequantize_row=dequantize_row,
     vec_dot=vec_dot,
-    quantize=None,
+    quantize=quantize,
 )
