@@ -2,6 +2,12 @@
 
 The file is written under a temporary name in the target directory and renamed over the final name
 only once it is complete and flushed, so an interrupted write never leaves a truncated model behind.
+
+Two ways to supply tensor data:
+- in memory: `add_tensor(name, data, ...)` for every tensor, then `write()`;
+- streamed: `declare_tensor(name, type, shape)` for every tensor (the header, with every offset, follows
+  from types and shapes alone), then `with writer.stream() as out:` and `out.write_tensor(name, data)`
+  in declaration order, so only one tensor's bytes need exist at a time (`localllm quantize`).
 """
 
 from __future__ import annotations
@@ -73,7 +79,8 @@ class GGUFWriter:
     def __init__(self, path: str | os.PathLike, alignment: Optional[int] = None):
         self.path = Path(path)
         self._kv: dict[str, tuple[ValueType, Optional[ValueType], Any]] = {}
-        self._tensors: dict[str, tuple[str, tuple[int, ...], np.ndarray]] = {}
+        # name -> (ggml type name, ggml-order shape, data; None for a declared tensor)
+        self._tensors: dict[str, tuple[str, tuple[int, ...], Optional[np.ndarray]]] = {}
         if alignment is not None:
             self.add("general.alignment", alignment, ValueType.UINT32)
 
@@ -110,56 +117,64 @@ class GGUFWriter:
         """Add a tensor. Plain float/int arrays: the type and (ggml-order) shape follow from the array.
         Quantized data (and BF16 bits): `data` holds the raw bytes, `ggml_type` names the type and `shape`
         gives the ggml-order shape (shape[0] = elements per row)."""
-        if name in self._tensors:
-            raise GGUFWriteError(f"tensor '{name}' added twice")
-        if not name or len(name.encode()) > 63:
-            raise GGUFWriteError(f"tensor name '{name}' must be 1 to 63 bytes")
         data = np.ascontiguousarray(data)
         if ggml_type is None:
             ggml_type = _DTYPE_TO_GGML.get(data.dtype)
             if ggml_type is None:
                 raise GGUFWriteError(f"tensor '{name}': no ggml type for dtype {data.dtype}; pass ggml_type")
-        ggml_type = ggml_type.upper() if isinstance(ggml_type, str) else GGML_TYPES[int(ggml_type)].name
-        info = GGML_TYPES_BY_NAME.get(ggml_type)
-        if info is None:
-            raise GGUFWriteError(f"tensor '{name}': unknown ggml type {ggml_type}")
+        ggml_type = _type_name(name, ggml_type)
         if shape is None:
-            if data.dtype == np.uint8 and info.block_size > 1:
+            if data.dtype == np.uint8 and GGML_TYPES_BY_NAME[ggml_type].block_size > 1:
                 raise GGUFWriteError(f"tensor '{name}': quantized data needs its shape")
             shape = tuple(reversed(data.shape)) or (1,)
+        ggml_type, shape, nbytes = self._check_tensor(name, ggml_type, shape)
+        if data.nbytes != nbytes:
+            raise GGUFWriteError(f"tensor '{name}': {data.nbytes} bytes given, {ggml_type} {list(shape)} needs {nbytes}")
+        self._tensors[name] = (ggml_type, shape, data)
+
+    def declare_tensor(self, name: str, ggml_type: str, shape: Sequence[int]) -> int:
+        """Declare a tensor whose bytes `stream()` will take later; returns the byte size it must have."""
+        ggml_type, shape, nbytes = self._check_tensor(name, _type_name(name, ggml_type), shape)
+        self._tensors[name] = (ggml_type, shape, None)
+        return nbytes
+
+    def _check_tensor(self, name: str, ggml_type: str, shape: Sequence[int]) -> tuple[str, tuple[int, ...], int]:
+        if name in self._tensors:
+            raise GGUFWriteError(f"tensor '{name}' added twice")
+        if not name or len(name.encode()) > 63:
+            raise GGUFWriteError(f"tensor name '{name}' must be 1 to 63 bytes")
+        info = GGML_TYPES_BY_NAME[ggml_type]
         shape = tuple(int(d) for d in shape)
         if not 1 <= len(shape) <= MAX_DIMS or min(shape) < 1:
             raise GGUFWriteError(f"tensor '{name}': shape {list(shape)} must have 1 to {MAX_DIMS} positive dimensions")
         if shape[0] % info.block_size:
             raise GGUFWriteError(f"tensor '{name}': row length {shape[0]} is not a multiple of the {ggml_type} block size {info.block_size}")
-        nbytes = int(np.prod(shape, dtype=object)) // info.block_size * info.type_size
-        if data.nbytes != nbytes:
-            raise GGUFWriteError(f"tensor '{name}': {data.nbytes} bytes given, {ggml_type} {list(shape)} needs {nbytes}")
-        self._tensors[name] = (ggml_type, shape, data)
+        return ggml_type, shape, _nbytes(ggml_type, shape)
+
+    def file_size(self) -> int:
+        """Bytes the written file will have (header, padding and every tensor, declared or added)."""
+        header, offsets = self._layout()
+        return len(header) + (_align(offsets[-1][0] + offsets[-1][1], self.alignment) if offsets else 0)
 
     # -- output -----------------------------------------------------------------------------------------
     def write(self) -> Path:
-        """Write the file: temporary name in the same directory, fsync, then rename."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        # Not tempfile.mkstemp: its 0600 mode would make the model unreadable to other users and tools;
-        # os.open with 0666 lets the user's umask decide, as for any file they create.
-        tmp = self.path.parent / f".{self.path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                self._write_to(fh)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        """Write the file (every tensor added with its data): temporary name, fsync, then rename."""
+        declared = [name for name, entry in self._tensors.items() if entry[2] is None]
+        if declared:
+            raise GGUFWriteError(f"tensor '{declared[0]}' was declared without data: write it through stream()")
+        with self.stream() as out:
+            for name, entry in self._tensors.items():
+                out.write_tensor(name, entry[2])
         return self.path
 
-    def _write_to(self, fh) -> None:
+    def stream(self) -> "TensorStream":
+        """Open the temporary file and write the header; the returned context manager takes every tensor's
+        bytes in order and, on a clean exit, renames the file into place. On any exception (Ctrl-C
+        included) or a missing tensor, the temporary file is removed and nothing appears under `path`."""
+        return TensorStream(self)
+
+    def _layout(self) -> tuple[bytes, list[tuple[int, int]]]:
+        """The header (padded to the alignment) and each tensor's (data-section offset, bytes)."""
         align = self.alignment
         header = bytearray()
         header += GGUF_MAGIC + struct.pack("<IQQ", WRITE_VERSION, len(self._tensors), len(self._kv))
@@ -168,20 +183,96 @@ class GGUFWriter:
             header += _value(vtype, elem, value)
         offset = 0
         placed = []
-        for name, (ggml_type, shape, data) in self._tensors.items():
+        for name, (ggml_type, shape, _) in self._tensors.items():
+            nbytes = _nbytes(ggml_type, shape)
             header += _string(name) + struct.pack("<I", len(shape)) + struct.pack(f"<{len(shape)}Q", *shape)
             header += struct.pack("<IQ", GGML_TYPES_BY_NAME[ggml_type].type_id, offset)
-            placed.append((offset, data))
-            offset = _align(offset + data.nbytes, align)
+            placed.append((offset, nbytes))
+            offset = _align(offset + nbytes, align)
         header += bytes(_align(len(header), align) - len(header))
-        fh.write(header)
-        written = 0
-        for tensor_offset, data in placed:
-            fh.write(bytes(tensor_offset - written))
-            fh.write(memoryview(data.reshape(-1).view(np.uint8)))
-            written = tensor_offset + data.nbytes
-        # Pad the file to the alignment, as gguf-py does, so the last tensor ends on a boundary too.
-        fh.write(bytes(_align(written, align) - written))
+        return bytes(header), placed
+
+
+class TensorStream:
+    """One write of a GGUFWriter's file: header first, then tensor bytes in declaration order."""
+
+    def __init__(self, writer: GGUFWriter):
+        self._writer = writer
+        self._names = list(writer._tensors)
+        self._next = 0
+        self._written = 0  # bytes of the data section written so far
+        self._fh = None
+        self.tmp_path: Optional[Path] = None
+
+    def __enter__(self) -> "TensorStream":
+        path = self._writer.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header, self._placed = self._writer._layout()
+        # Not tempfile.mkstemp: its 0600 mode would make the model unreadable to other users and tools;
+        # os.open with 0666 lets the user's umask decide, as for any file they create.
+        self.tmp_path = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
+        fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self._fh = os.fdopen(fd, "wb")
+        try:
+            self._fh.write(header)
+        except BaseException:
+            self._discard()
+            raise
+        return self
+
+    def write_tensor(self, name: str, data: np.ndarray) -> None:
+        """The bytes of the next tensor in declaration order (any dtype; its raw bytes are written)."""
+        if self._next >= len(self._names) or self._names[self._next] != name:
+            expected = self._names[self._next] if self._next < len(self._names) else "none"
+            raise GGUFWriteError(f"tensor '{name}' written out of order (next expected: {expected})")
+        offset, nbytes = self._placed[self._next]
+        if isinstance(data, np.ndarray):
+            data = np.ascontiguousarray(data)
+        raw = data.reshape(-1).view(np.uint8)
+        if raw.nbytes != nbytes:
+            raise GGUFWriteError(f"tensor '{name}': {raw.nbytes} bytes given, its declared type and shape need {nbytes}")
+        self._fh.write(bytes(offset - self._written))
+        self._fh.write(memoryview(raw))
+        self._written = offset + nbytes
+        self._next += 1
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self._discard()
+            return
+        try:
+            if self._next != len(self._names):
+                raise GGUFWriteError(f"tensor '{self._names[self._next]}' was never written")
+            # Pad the file to the alignment, as gguf-py does, so the last tensor ends on a boundary too.
+            self._fh.write(bytes(_align(self._written, self._writer.alignment) - self._written))
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            os.replace(self.tmp_path, self._writer.path)
+        except BaseException:
+            self._discard()
+            raise
+
+    def _discard(self) -> None:
+        try:
+            self._fh.close()
+        finally:
+            try:
+                os.unlink(self.tmp_path)
+            except FileNotFoundError:
+                pass
+
+
+def _nbytes(ggml_type: str, shape: tuple[int, ...]) -> int:
+    info = GGML_TYPES_BY_NAME[ggml_type]
+    return int(np.prod(shape, dtype=object)) // info.block_size * info.type_size
+
+
+def _type_name(name: str, ggml_type) -> str:
+    ggml_type = ggml_type.upper() if isinstance(ggml_type, str) else GGML_TYPES[int(ggml_type)].name
+    if ggml_type not in GGML_TYPES_BY_NAME:
+        raise GGUFWriteError(f"tensor '{name}': unknown ggml type {ggml_type}")
+    return ggml_type
 
 
 def _align(n: int, alignment: int) -> int:
