@@ -60,6 +60,13 @@ class Backend(ABC):
     def matmul(self, w: Weight, x, out, bias=None) -> None:
         """out[T, N] = x[T, K] @ W[N, K].T (+ bias[N])."""
 
+    def matmul_rows(self, w: Weight, x, out, bias=None) -> None:
+        """out[T, N] = x[T, K] @ W[N, K].T with every row computed exactly as a T=1 matmul computes it
+        (so a row's result does not depend on the other rows: the server's batched decode needs this).
+        A backend overrides it to read the weights once for all rows."""
+        for t in range(x.shape[0]):
+            self.matmul(w, x[t : t + 1], out[t : t + 1], bias)
+
     @abstractmethod
     def embed(self, w: Weight, ids: np.ndarray, out) -> None:
         """out[T, K] = rows ids[T] of the embedding matrix W[vocab, K], dequantized."""
@@ -87,6 +94,18 @@ class Backend(ABC):
         GQA: query head h reads kv head h // (Hq / Hkv). Query position p sees keys at positions j with
         j <= p and p - j < window (window 0: unbounded). out[T, Hq, D].
         """
+
+    # -- paged KV cache (several sequences per step; see localllm/model/kv_paged.py) ------------------
+    @abstractmethod
+    def kv_store_paged(self, cache_k, cache_v, k, v, slots: np.ndarray) -> None:
+        """cache_k[NB, BS, Hkv, D] viewed as [NB*BS, Hkv, D]: row slots[t] = k[t]; cache_v likewise."""
+
+    @abstractmethod
+    def attention_paged(self, q, cache_k, cache_v, layout, scale: float, window: int, out) -> None:
+        """Causal attention of each row t of q[T, Hq, D] (sequence layout.row_seq[t], position
+        layout.positions[t]) over that sequence's keys 0..positions[t], read through its block table
+        layout.tables[s] from cache[NB, BS, Hkv, D]. Same masking and GQA as `attention`; each
+        sequence's rows give exactly what `attention` gives for them on a contiguous cache. out[T, Hq, D]."""
 
     @abstractmethod
     def gated_act(self, gate, up, out, kind: str) -> None:

@@ -33,6 +33,17 @@ class Buffers:
         self.gate = ops.alloc((t, f))
         self.up = ops.alloc((t, f))
         self.positions = np.zeros(t, dtype=np.int32)
+        # Leading rows computed one by one, each exactly as a T=1 step computes it (the decode rows of
+        # a multi-sequence step); 0 for a single-sequence forward.
+        self.n_rowwise = 0
+
+    def head(self, n_tokens: int) -> "Buffers":
+        """The same buffers limited to their first n_tokens rows (views, no new memory)."""
+        view = object.__new__(Buffers)
+        for name, value in vars(self).items():
+            setattr(view, name, value[:n_tokens] if isinstance(value, np.ndarray) else value)
+        view.n_tokens = n_tokens
+        return view
 
 
 class KVCache:
@@ -54,6 +65,14 @@ class KVCache:
     def bytes_needed(hp: HParams, n_ctx: int) -> int:
         return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * np.dtype(KVCache.DTYPE).itemsize
 
+    # The two things attention asks of a cache; PagedBatch (model/kv_paged.py) answers them for a
+    # multi-sequence step, so architecture code never knows which cache it runs on.
+    def store(self, ops: Backend, il: int, k, v, start: int) -> None:
+        ops.kv_store(self.k[il], self.v[il], k, v, start)
+
+    def attend(self, ops: Backend, il: int, q, start: int, scale: float, window: int, out) -> None:
+        ops.attention(q, self.k[il], self.v[il], start, scale, window, out)
+
 
 class Decoder:
     # Conventions an architecture sets (see each module's docstring):
@@ -69,6 +88,7 @@ class Decoder:
         self.w: BoundWeights = bind_weights(reader, self.tensor_specs(), backend)
         self._buffers: dict[int, Buffers] = {}
         self._logits: dict[int, np.ndarray] = {}
+        self._batch: dict[str, object] = {}  # forward_batch's buffers, grown on demand
 
     # -- what an architecture may override ----------------------------------------------------------
     def read_extra(self, reader) -> None:
@@ -141,9 +161,9 @@ class Decoder:
         """b.o <- attention(b.h) for layer il; stores this batch's K/V in the cache."""
         ops, w, hp, p = self.ops, self.w, self.hp, f"blk.{il}."
         t = b.n_tokens
-        ops.matmul(w[p + "attn_q.weight"], b.h, b.q.reshape(t, -1), w.get(p + "attn_q.bias"))
-        ops.matmul(w[p + "attn_k.weight"], b.h, b.k.reshape(t, -1), w.get(p + "attn_k.bias"))
-        ops.matmul(w[p + "attn_v.weight"], b.h, b.v.reshape(t, -1), w.get(p + "attn_v.bias"))
+        self.linear(b, w[p + "attn_q.weight"], b.h, b.q.reshape(t, -1), w.get(p + "attn_q.bias"))
+        self.linear(b, w[p + "attn_k.weight"], b.h, b.k.reshape(t, -1), w.get(p + "attn_k.bias"))
+        self.linear(b, w[p + "attn_v.weight"], b.h, b.v.reshape(t, -1), w.get(p + "attn_v.bias"))
         if self.QK_NORM:
             ops.rms_norm(b.q, w[p + "attn_q_norm.weight"], hp.eps, b.q)
             ops.rms_norm(b.k, w[p + "attn_k_norm.weight"], hp.eps, b.k)
@@ -151,17 +171,27 @@ class Decoder:
         factors = w.get("rope_freqs.weight")
         ops.rope(b.q, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
         ops.rope(b.k, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
-        ops.kv_store(cache.k[il], cache.v[il], b.k, b.v, start)
-        ops.attention(b.q, cache.k[il], cache.v[il], start, self.attention_scale(), self.layer_window(il), b.attn)
-        ops.matmul(w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
+        cache.store(ops, il, b.k, b.v, start)
+        cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn)
+        self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
 
     def feed_forward(self, il: int, b: Buffers) -> None:
         """b.o <- down(act(gate(b.h)) * up(b.h))."""
         ops, w, p = self.ops, self.w, f"blk.{il}."
-        ops.matmul(w[p + "ffn_gate.weight"], b.h, b.gate)
-        ops.matmul(w[p + "ffn_up.weight"], b.h, b.up)
+        self.linear(b, w[p + "ffn_gate.weight"], b.h, b.gate)
+        self.linear(b, w[p + "ffn_up.weight"], b.h, b.up)
         ops.gated_act(b.gate, b.up, b.gate, self.ACTIVATION)
-        ops.matmul(w[p + "ffn_down.weight"], b.gate, b.o)
+        self.linear(b, w[p + "ffn_down.weight"], b.gate, b.o)
+
+    def linear(self, b: Buffers, w, x, out, bias=None) -> None:
+        """out = x @ W.T (+ bias); the first b.n_rowwise rows row by row (see Buffers.n_rowwise)."""
+        d = b.n_rowwise
+        if d == 0:
+            self.ops.matmul(w, x, out, bias)
+            return
+        self.ops.matmul_rows(w, x[:d], out[:d], bias)
+        if x.shape[0] > d:
+            self.ops.matmul(w, x[d:], out[d:], bias)
 
     # -- the forward pass -----------------------------------------------------------------------------
     def buffers(self, n_tokens: int) -> Buffers:
@@ -193,3 +223,41 @@ class Decoder:
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
         self.ops.matmul(output, normed, logits)
         return self.ops.to_host(logits)
+
+    def forward_batch(self, cache, layout, logit_rows: np.ndarray) -> np.ndarray:
+        """One step over several sequences of a paged cache (model/kv_paged.py).
+
+        layout: a BatchLayout of T rows; logit_rows int32[S]: the rows whose next-token logits are
+        wanted (each computed row by row). Returns logits [S, vocab] (a reused buffer)."""
+        from .kv_paged import PagedBatch
+
+        n, n_out = len(layout.tokens), len(logit_rows)
+        b = self._batch_buffers(n, n_out)
+        b.positions[:] = layout.positions
+        b.n_rowwise = layout.n_rowwise
+        view = PagedBatch(cache, layout)
+        self.embed(layout.tokens, b)
+        for il in range(self.hp.n_layer):
+            self.block(il, b, 0, view)
+        last, normed, logits = (self._batch[k][:n_out] for k in ("last", "normed", "logits"))
+        np.take(b.x, logit_rows, axis=0, out=last)
+        self.ops.rms_norm(last, self.w["output_norm.weight"], self.hp.eps, normed)
+        output = self.w.get("output.weight") or self.w["token_embd.weight"]
+        self.ops.matmul_rows(output, normed, logits)
+        return self.ops.to_host(logits)
+
+    def _batch_buffers(self, n_tokens: int, n_out: int) -> Buffers:
+        full = self._batch.get("buffers")
+        if full is None or full.n_tokens < n_tokens:
+            full = self._batch["buffers"] = Buffers(self.ops, self.hp, max(n_tokens, 16))
+            self._batch["views"] = {}
+        if self._batch.get("logits") is None or self._batch["logits"].shape[0] < n_out:
+            rows = max(n_out, 8)
+            self._batch["last"] = self.ops.alloc((rows, self.hp.n_embd))
+            self._batch["normed"] = self.ops.alloc((rows, self.hp.n_embd))
+            self._batch["logits"] = self.ops.alloc((rows, self.hp.n_vocab))
+        views = self._batch["views"]
+        view = views.get(n_tokens)
+        if view is None:
+            view = views[n_tokens] = full.head(n_tokens)
+        return view

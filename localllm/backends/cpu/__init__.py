@@ -12,7 +12,7 @@ from ...errors import LocalLLMError
 from ..base import Backend, Weight
 from . import kernels
 from .attention_blas import BlasAttention
-from .matmul import BLAS_MIN_ROWS, MatmulScratch, gather_rows_kernel, matmul
+from .matmul import BLAS_MIN_ROWS, MatmulScratch, gather_rows_kernel, matmul, matmul_rows
 
 
 def physical_cores() -> int:
@@ -81,6 +81,7 @@ class CPUBackend(Backend):
         self._scores = np.empty(0, dtype=np.float32)
         self._blas_attention = BlasAttention()
         self._gelu_table = None
+        self._paged_rows = np.empty(0, dtype=np.int32)
 
     def supports(self, qtype: str) -> bool:
         return quant.is_supported(qtype)
@@ -98,6 +99,13 @@ class CPUBackend(Backend):
         qt = quant.get(w.qtype)
         self._threads_for(x.shape[0])
         matmul(qt, w.data, x, out, self.scratch)
+        if bias is not None:
+            out += bias
+
+    def matmul_rows(self, w: Weight, x, out, bias=None) -> None:
+        qt = quant.get(w.qtype)
+        self._threads_for(1)  # the decode path's thread count, whatever the number of rows
+        matmul_rows(qt, w.data, x, out, self.scratch)
         if bias is not None:
             out += bias
 
@@ -147,6 +155,49 @@ class CPUBackend(Backend):
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
         kernels.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores)
+
+    def kv_store_paged(self, cache_k, cache_v, k, v, slots) -> None:
+        flat_k = cache_k.reshape(-1, *cache_k.shape[2:])  # views: [NB*BS, Hkv, D]
+        flat_v = cache_v.reshape(-1, *cache_v.shape[2:])
+        flat_k[slots] = k  # rounded to float16 as kv_store rounds
+        flat_v[slots] = v
+
+    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out) -> None:
+        """A sequence with BLAS_MIN_ROWS rows or more in this step (a prefill chunk) goes through BLAS
+        on a contiguous copy of its keys, as `attention` sends such a batch; all other rows (decode rows,
+        short chunks) through one Numba kernel call."""
+        kernel_rows = self._paged_rows
+        n_kernel = 0
+        for s in range(layout.seq_rows.shape[0]):
+            first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
+            if n >= BLAS_MIN_ROWS:
+                self._paged_blas(q, cache_k, cache_v, layout, s, scale, window, out)
+            else:
+                if kernel_rows.size < n_kernel + n:
+                    kernel_rows = self._paged_rows = np.empty(2 * (n_kernel + n), dtype=np.int32)
+                kernel_rows[n_kernel : n_kernel + n] = np.arange(first, first + n, dtype=np.int32)
+                n_kernel += n
+        if n_kernel == 0:
+            return
+        self._threads_for(1)
+        n_head = q.shape[1]
+        n_keys = int(layout.positions[: q.shape[0]].max()) + 1
+        needed = n_kernel * n_head * n_keys
+        if self._scores.size < needed:
+            self._scores = np.empty(needed, dtype=np.float32)
+        scores = self._scores[:needed].reshape(n_kernel * n_head, n_keys)
+        kernels.attention_paged(
+            q, cache_k.view(np.uint16), cache_v.view(np.uint16), layout.tables, layout.row_seq,
+            layout.positions, kernel_rows[:n_kernel], np.float32(scale), int(window), out, scores,
+        )
+
+    def _paged_blas(self, q, cache_k, cache_v, layout, s, scale, window, out) -> None:
+        first, n, start = int(layout.seq_first[s]), int(layout.seq_rows[s]), int(layout.seq_start[s])
+        n_blocks = -(-(start + n) // cache_k.shape[1])
+        table = layout.tables[s, :n_blocks]
+        keys = cache_k[table].reshape(-1, *cache_k.shape[2:])  # contiguous float16 copies [n_blocks*BS, Hkv, D]
+        values = cache_v[table].reshape(-1, *cache_v.shape[2:])
+        self._blas_attention(q[first : first + n], keys, values, start, scale, window, out[first : first + n])
 
     def gated_act(self, gate, up, out, kind) -> None:
         if kind not in ("silu", "gelu_tanh"):

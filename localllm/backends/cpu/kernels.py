@@ -113,6 +113,45 @@ def attention(q, cache_k, cache_v, start, scale, window, out, scores):
             _axpy_f16(row[j] * inv, cache_v[j, kvh], dst)
 
 
+@fast_kernel(parallel=True)
+def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, window, out, scores):
+    """The `attention` kernel over a paged cache, for the rows listed in `rows` only.
+
+    q float32[T, Hq, D]; cache float16 bits uint16[NB, BS, Hkv, D]; tables int32[S, max_blocks];
+    row_seq, positions int32[T]; rows int32[R] (indices into T); out float32[T, Hq, D];
+    scores float32[R*Hq, n_keys] scratch, n_keys > max(positions). Per (row, head) the arithmetic is
+    the contiguous kernel's, in the same order, so results are identical to it."""
+    n_head = q.shape[1]
+    block_size = cache_k.shape[1]
+    group = n_head // cache_k.shape[2]
+    for job in prange(rows.shape[0] * n_head):
+        t = rows[job // n_head]
+        h = job % n_head
+        kvh = h // group
+        table = tables[row_seq[t]]
+        pos = positions[t]
+        first = 0
+        if window > 0 and pos - window + 1 > 0:
+            first = pos - window + 1
+        row = scores[job]
+        best = -np.inf
+        for j in range(first, pos + 1):
+            s = _dot_f16(q[t, h], cache_k[table[j // block_size], j % block_size, kvh]) * scale
+            row[j] = s
+            if s > best:
+                best = s
+        total = np.float32(0.0)
+        for j in range(first, pos + 1):
+            e = np.float32(math.exp(row[j] - best))
+            row[j] = e
+            total += e
+        dst = out[t, h]
+        dst[:] = 0.0
+        inv = np.float32(1.0) / total
+        for j in range(first, pos + 1):
+            _axpy_f16(row[j] * inv, cache_v[table[j // block_size], j % block_size, kvh], dst)
+
+
 def gelu_table() -> np.ndarray:
     """float32[65536]: GELU (tanh form) of every float16 value, rounded to float16, as ggml's CPU
     backend tabulates it (ggml_table_gelu_f16). The gate is looked up by its float16 bits: one load per

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...quant import QuantType
-from ...quant.activation import QuantizedActivation
-from .drivers import drivers
+from ...quant.activation import QK8_0, QK_K, QuantizedActivation, quantize_q8_0, quantize_q8_k
+from .drivers import drivers, row_drivers
 
 # Above this many activation rows a matmul goes through dequantized tiles + BLAS.
 BLAS_MIN_ROWS = 8
@@ -31,12 +31,53 @@ def dequant_rows_kernel(qt: QuantType):
     return drivers(qt).dequant_rows
 
 
+class BatchActivation:
+    """Preallocated pairing-format buffers for up to `rows` activation rows of n floats (the [T, ...]
+    form of QuantizedActivation; row t holds exactly what QuantizedActivation.quantize(x[t]) would)."""
+
+    def __init__(self, kind: str, rows: int, n: int):
+        self.kind = kind
+        self.rows = rows
+        if kind == "f32":
+            self.arrays = (np.zeros((rows, n), dtype=np.float32),)
+            return
+        block = QK8_0 if kind == "q8_0" else QK_K
+        if n % block:
+            raise ValueError(f"activation length {n} is not a multiple of {block} ({kind})")
+        sums = n // (QK8_0 if kind == "q8_0" else 16)
+        self.arrays = (
+            np.zeros((rows, n), dtype=np.int8),
+            np.zeros((rows, n // block), dtype=np.float32),
+            np.zeros((rows, sums), dtype=np.int32),
+        )
+
+    def quantize(self, x: np.ndarray) -> tuple:
+        """Quantize x float32[T, n] (T <= rows); returns the [T, ...] views matvec_rows takes."""
+        t = x.shape[0]
+        views = tuple(a[:t] for a in self.arrays)
+        if self.kind == "f32":
+            views[0][:] = x
+            return views
+        quantize = quantize_q8_0 if self.kind == "q8_0" else quantize_q8_k
+        for row in range(t):
+            quantize(x[row], views[0][row], views[1][row], views[2][row])
+        return views
+
+
 class MatmulScratch:
     """Reusable buffers: one quantized activation per (pairing kind, K), one dequantization tile."""
 
     def __init__(self):
         self._acts: dict[tuple[str, int], QuantizedActivation] = {}
+        self._batch_acts: dict[tuple[str, int], BatchActivation] = {}
         self._tile = np.empty(0, dtype=np.float32)
+
+    def batch_activation(self, kind: str, rows: int, k: int) -> BatchActivation:
+        key = (kind, k)
+        act = self._batch_acts.get(key)
+        if act is None or act.rows < rows:
+            act = self._batch_acts[key] = BatchActivation(kind, max(rows, 8), k)
+        return act
 
     def activation(self, kind: str, k: int) -> QuantizedActivation:
         key = (kind, k)
@@ -69,3 +110,10 @@ def matmul(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, s
     act = scratch.activation(qt.act, k)
     for t in range(n_tokens):
         kernel(weights, out[t], *act.quantize(x[t]))
+
+
+def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
+    """out[T, N] = x[T, K] @ W.T, each row exactly as the one-row decode path computes it (integer
+    vec_dot over the quantized activation), the weights streamed once for all T rows."""
+    act = scratch.batch_activation(qt.act, x.shape[0], x.shape[1])
+    row_drivers(qt).matvec_rows(weights, out, *act.quantize(x))
