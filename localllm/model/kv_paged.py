@@ -131,6 +131,10 @@ class BlockPool:
         self.stats.hit_blocks += 1
         return block
 
+    def peek(self, key: bytes) -> int | None:
+        """The cached block for a prefix key, without taking a reference or counting a hit."""
+        return self._block_of.get(key)
+
     def register(self, block: int, key: bytes) -> None:
         """Publish a full block under its prefix key (a no-op if that prefix is already cached)."""
         if key in self._block_of or block in self._key_of:

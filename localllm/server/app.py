@@ -1,0 +1,347 @@
+"""The HTTP API (Starlette): OpenAI's chat/completions/models, plus /health, /metrics, /tokenize,
+/detokenize. Handlers parse and validate (protocol.py), submit to the engine and render its events;
+all generation happens on the engine thread."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from typing import Optional
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import ContextOverflow, LocalLLMError
+from . import protocol as p
+from .engine import Engine, QueueFull
+from .metrics import render_metrics
+
+DEFAULT_MAX_BODY_BYTES = 4 * 2**20
+
+
+class ServerConfig:
+    def __init__(self, model_id: str, api_key: Optional[str] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 aliases: tuple = ()):
+        self.model_id = model_id
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+        self.model_ids = [model_id, *[a for a in aliases if a and a != model_id]]
+
+
+def create_app(engine: Engine, config: ServerConfig) -> Starlette:
+    api = _API(engine, config)
+    routes = [
+        Route("/health", api.health, methods=["GET"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+    return app
+
+
+async def _not_found(request: Request, exc) -> Response:
+    return _error(p.APIError(404, f"no route {request.url.path}", code="not_found"))
+
+
+async def _not_allowed(request: Request, exc) -> Response:
+    return _error(p.APIError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed"))
+
+
+def _error(exc: p.APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
+def _as_api_error(exc: Exception) -> p.APIError:
+    if isinstance(exc, p.APIError):
+        return exc
+    if isinstance(exc, ContextOverflow):
+        return p.APIError(413, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, QueueFull):
+        return p.APIError(503, str(exc), type="server_error", code="queue_full")
+    if isinstance(exc, LocalLLMError):
+        return p.invalid(str(exc))
+    return p.APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
+
+
+def _handler(method):
+    """Map every error a handler raises to OpenAI's shape and status."""
+
+    async def wrapped(self, request: Request) -> Response:
+        try:
+            self.authorize(request)
+            return await method(self, request)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+            return _error(_as_api_error(exc))
+
+    wrapped.__name__ = method.__name__
+    return wrapped
+
+
+class _API:
+    def __init__(self, engine: Engine, config: ServerConfig):
+        self.engine = engine
+        self.model = engine.model
+        self.tokenizer = engine.tokenizer
+        self.config = config
+
+    # -- plumbing -----------------------------------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        key = self.config.api_key
+        if not key or request.url.path == "/health":
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+            raise p.APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                             code="invalid_api_key")
+
+    async def body(self, request: Request) -> dict:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise p.APIError(413, f"request body over {limit} bytes", code="body_too_large")
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limit:
+                raise p.APIError(413, f"request body over {limit} bytes", code="body_too_large")
+        try:
+            parsed = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise p.invalid(f"the request body is not valid JSON: {exc}") from None
+        return p.require_object(parsed)
+
+    # -- small endpoints ------------------------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @_handler
+    async def models(self, request: Request) -> Response:
+        data = [{"id": self.config.model_id, "object": "model", "created": 0, "owned_by": "localllm"}]
+        return JSONResponse({"object": "list", "data": data})
+
+    @_handler
+    async def metrics(self, request: Request) -> Response:
+        return PlainTextResponse(render_metrics(self.engine), media_type="text/plain; version=0.0.4")
+
+    @_handler
+    async def tokenize(self, request: Request) -> Response:
+        body = await self.body(request)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise p.invalid("'content' must be a string", "content")
+        add_special = p._boolean(body, "add_special", False)
+        parse_special = p._boolean(body, "parse_special", True)
+        ids = self.tokenizer.encode(content, add_bos=add_special, parse_special=parse_special)
+        return JSONResponse({"tokens": ids})
+
+    @_handler
+    async def detokenize(self, request: Request) -> Response:
+        body = await self.body(request)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+            raise p.invalid("'tokens' must be a list of token ids", "tokens")
+        bad = [t for t in tokens if not 0 <= t < self.tokenizer.vocab_size]
+        if bad:
+            raise p.invalid(f"token ids out of range: {bad[:5]}", "tokens")
+        return JSONResponse({"content": self.tokenizer.decode(tokens)})
+
+    # -- generation -----------------------------------------------------------------------------------------------
+    @_handler
+    async def chat(self, request: Request) -> Response:
+        body = await self.body(request)
+        model_id = p.check_model(body, self.config.model_ids)
+        messages = p.chat_messages(body)
+        top = p.chat_top_logprobs(body)
+        stream = p._boolean(body, "stream", False)
+        include_usage = p.stream_options(body)
+        prompt = self.model.render_chat(messages)
+        gen = p.sampling_request(body, prompt, top)
+        handle = self.engine.submit(gen, asyncio.get_running_loop())
+        renderer = _ChatRenderer(self.tokenizer, model_id, len(prompt), top is not None)
+        if stream:
+            return _sse(handle, renderer, include_usage)
+        return await _collect(request, handle, renderer)
+
+    @_handler
+    async def completions(self, request: Request) -> Response:
+        body = await self.body(request)
+        model_id = p.check_model(body, self.config.model_ids)
+        if p._boolean(body, "echo", False):
+            raise p.invalid("'echo' is not supported", "echo")
+        if body.get("suffix") is not None:
+            raise p.invalid("'suffix' is not supported", "suffix")
+        prompt = p.completion_prompt(body, self.model.tokenize)
+        top = p.completion_top_logprobs(body)
+        stream = p._boolean(body, "stream", False)
+        include_usage = p.stream_options(body)
+        gen = p.sampling_request(body, prompt, top)
+        handle = self.engine.submit(gen, asyncio.get_running_loop())
+        renderer = _CompletionRenderer(self.tokenizer, model_id, len(prompt), top is not None)
+        if stream:
+            return _sse(handle, renderer, include_usage)
+        return await _collect(request, handle, renderer)
+
+
+# -- rendering events ------------------------------------------------------------------------------------------------
+
+class _Renderer:
+    id_prefix = ""
+    chunk_object = ""  # the "object" of streamed chunks
+
+    def __init__(self, tokenizer, model_id: str, n_prompt: int, logprobs: bool):
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.n_prompt = n_prompt
+        self.logprobs = logprobs
+        self.id = p.new_id(self.id_prefix)
+        self.created = p.now()
+        self.pieces: list = []
+        self.n_generated = 0
+
+    def envelope(self, obj: str, choices: list) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_id, "choices": choices}
+
+
+class _ChatRenderer(_Renderer):
+    id_prefix = "chatcmpl"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.entries: list = []
+
+    def first_chunk(self) -> Optional[dict]:
+        return self.envelope("chat.completion.chunk", [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                         "logprobs": None, "finish_reason": None}])
+
+    def token_chunk(self, event) -> Optional[dict]:
+        lp = None
+        if self.logprobs and event.token is not None:
+            lp = {"content": [p.chat_logprob_entry(self.tokenizer, event)]}
+        if not event.text and lp is None:
+            return None
+        return self.envelope("chat.completion.chunk", [{"index": 0, "delta": {"content": event.text}, "logprobs": lp,
+                                                         "finish_reason": None}])
+
+    def final_chunk(self, finish: str) -> dict:
+        return self.envelope("chat.completion.chunk", [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}])
+
+    def add(self, event) -> None:
+        self.pieces.append(event.text)
+        if self.logprobs and event.token is not None:
+            self.entries.append(p.chat_logprob_entry(self.tokenizer, event))
+
+    def response(self, finish: str, timings) -> dict:
+        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(self.pieces)},
+                  "logprobs": {"content": self.entries} if self.logprobs else None, "finish_reason": finish}
+        out = self.envelope("chat.completion", [choice])
+        out["usage"] = p.usage(timings, self.n_prompt, self.n_generated)
+        return out
+
+
+class _CompletionRenderer(_Renderer):
+    id_prefix = "cmpl"
+    chunk_object = "text_completion"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.lp = p.CompletionLogprobs(self.tokenizer)
+
+    def first_chunk(self) -> Optional[dict]:
+        return None
+
+    def token_chunk(self, event) -> Optional[dict]:
+        lp = self.lp.add(event) if self.logprobs and event.token is not None else None
+        if not event.text and lp is None:
+            return None
+        return self.envelope("text_completion", [{"index": 0, "text": event.text, "logprobs": lp, "finish_reason": None}])
+
+    def final_chunk(self, finish: str) -> dict:
+        return self.envelope("text_completion", [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish}])
+
+    def add(self, event) -> None:
+        self.pieces.append(event.text)
+        if self.logprobs and event.token is not None:
+            self.lp.add(event)
+
+    def response(self, finish: str, timings) -> dict:
+        choice = {"index": 0, "text": "".join(self.pieces), "logprobs": self.lp.as_dict() if self.logprobs else None,
+                  "finish_reason": finish}
+        out = self.envelope("text_completion", [choice])
+        out["usage"] = p.usage(timings, self.n_prompt, self.n_generated)
+        return out
+
+
+def _sse(handle, renderer: _Renderer, include_usage: bool) -> StreamingResponse:
+    def data(obj) -> str:
+        return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+    async def events():
+        finished = False
+        try:
+            first = renderer.first_chunk()
+            if first is not None:
+                yield data(first)
+            async for event in handle.events():
+                if event.kind == "token":
+                    renderer.n_generated += event.token is not None
+                    chunk = renderer.token_chunk(event)
+                    if chunk is not None:
+                        yield data(chunk)
+                elif event.kind == "error":
+                    yield data(p.APIError(500, event.text, type="server_error").body())
+                else:
+                    yield data(renderer.final_chunk(event.finish_reason))
+                    if include_usage:
+                        tail = renderer.envelope(renderer.chunk_object, [])
+                        tail["usage"] = p.usage(event.timings, renderer.n_prompt, renderer.n_generated)
+                        yield data(tail)
+            finished = True
+            yield "data: [DONE]\n\n"
+        finally:
+            if not finished:
+                handle.cancel()  # the client went away: its slot is freed at the next step
+
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(events(), media_type="text/event-stream", headers=headers)
+
+
+async def _collect(request: Request, handle, renderer: _Renderer) -> Response:
+    """Gather a whole non-streamed answer, cancelling the request if the client disconnects first."""
+
+    async def gather():
+        async for event in handle.events():
+            if event.kind == "token":
+                renderer.n_generated += event.token is not None
+                renderer.add(event)
+            elif event.kind == "error":
+                return _error(p.APIError(500, event.text, type="server_error"))
+            else:
+                return JSONResponse(renderer.response(event.finish_reason, event.timings))
+
+    async def disconnected():
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    result = asyncio.ensure_future(gather())
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({result, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not result.done():
+        handle.cancel()
+        result.cancel()
+        return Response(status_code=499)
+    return result.result()

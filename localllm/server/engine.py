@@ -1,0 +1,344 @@
+"""Continuous batching over a paged KV cache: one engine thread, many sequences.
+
+Every step the engine admits queued requests while there are free slots (`parallel`) and KV blocks,
+then runs ONE forward pass over all active sequences: one row per decoding sequence (its last sampled
+token) plus a prefill chunk of at most one sequence still reading its prompt. Each weight is read once
+per step for all of them. Each sequence samples from its own logits with its own Sampler (own seed,
+penalties, stop strings), and its events go to the request's asyncio queue. A request cancelled by its
+client (stream closed) is dropped, and its blocks freed, at the start of the next step.
+
+Sequence results do not depend on the batch: decode rows are computed row by row with the one-row
+kernels (Buffers.n_rowwise), and a prefill chunk is computed alone with the same chunking as
+`generate` (PREFILL_CHUNK from the first uncached position). So a greedy request returns the same
+tokens as `Model.generate` alone, whatever else runs with it, when its prompt found nothing in the
+prefix cache (a prefix hit changes where the prefill chunks start; see docs/server.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..errors import ContextOverflow, LocalLLMError
+from ..generate import PREFILL_CHUNK, Event, Timings
+from ..model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks, block_key, ROOT_KEY
+from ..sampling import Sampler, SamplingConfig, StopMatcher, logprobs as compute_logprobs
+
+DEFAULT_CACHE_MB = 512
+RATE_WINDOW_S = 10.0
+
+
+class QueueFull(LocalLLMError):
+    """The server's request queue is full (HTTP 503)."""
+
+
+@dataclass
+class GenerationRequest:
+    prompt: list
+    sampling: SamplingConfig
+    max_tokens: Optional[int] = None  # None: until the end of the context
+    stop: list = field(default_factory=list)
+    top_logprobs: Optional[int] = None  # None: none; 0: the chosen token's; n: also the n best
+
+
+class RequestHandle:
+    """The HTTP side of a request: its events arrive on an asyncio queue; cancel() drops it."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, engine: "Engine"):
+        self.request = request
+        self.loop = loop
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+        self._engine = engine
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._engine.wake()
+
+    def push(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            self.cancelled = True
+
+    async def events(self):
+        """Yield events until (and including) the 'done' or 'error' one."""
+        while True:
+            event = await self.queue.get()
+            yield event
+            if event.kind in ("done", "error"):
+                return
+
+
+class Sequence:
+    """Engine-thread state of one admitted request."""
+
+    def __init__(self, handle: RequestHandle, tokenizer, n_vocab: int, blocks: SequenceBlocks, n_cached: int):
+        from ..tokenizer import StreamDecoder
+
+        req = handle.request
+        self.handle = handle
+        self.ids = list(req.prompt)
+        self.n_prompt = len(req.prompt)
+        self.n_past = n_cached  # tokens of self.ids whose K/V are in the cache
+        self.blocks = blocks
+        self.sampler = Sampler(req.sampling, n_vocab)
+        self.detok = StreamDecoder(tokenizer)
+        self.stops = StopMatcher(req.stop)
+        self.generated = 0
+        self.timings = Timings(prompt_tokens=self.n_prompt, cached_tokens=n_cached)
+        self.t0 = time.perf_counter()
+        self.t_decode = self.t0
+
+    @property
+    def decoding(self) -> bool:
+        return self.n_past == len(self.ids) - 1 and len(self.ids) > self.n_prompt
+
+
+class Engine:
+    def __init__(self, model, parallel: int = 4, cache_mb: float = DEFAULT_CACHE_MB, block_size: int = DEFAULT_BLOCK_SIZE,
+                 max_queue: int = 64, prefill_chunk: int = PREFILL_CHUNK):
+        if parallel < 1:
+            raise LocalLLMError(f"parallel must be >= 1 (got {parallel})")
+        self.model = model
+        self.decoder = model.decoder
+        self.tokenizer = model.tokenizer
+        self.parallel = parallel
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
+        n_blocks = PagedKVCache.blocks_for_bytes(self.decoder.hp, int(cache_mb * 2**20), block_size)
+        if n_blocks < 2:
+            raise LocalLLMError(f"--cache-mb {cache_mb} holds fewer than 2 KV blocks of {block_size} tokens")
+        self.cache = PagedKVCache(model.backend, self.decoder.hp, n_blocks, block_size)
+        self.pool = self.cache.pool
+        self.block_size = block_size
+        # A sequence can never hold more positions than the context or the whole pool.
+        self.seq_ctx = min(model.n_ctx, n_blocks * block_size)
+        self.layouts = LayoutBuilder(block_size, max_rows=parallel + prefill_chunk, max_seqs=parallel)
+        self._queue: deque[RequestHandle] = deque()
+        self._active: list[Sequence] = []
+        self._wake = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+        self._eog = set(self.tokenizer.eog_ids)
+        self.stats = EngineStats()
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.wake()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def wake(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    # -- requests ---------------------------------------------------------------------------------------------
+    def check(self, request: GenerationRequest) -> None:
+        """Raise what the request gets wrong before it queues (ContextOverflow, SamplingError)."""
+        if not request.prompt:
+            raise LocalLLMError("the prompt is empty")
+        if len(request.prompt) >= self.seq_ctx:
+            raise ContextOverflow(len(request.prompt) + 1, self.seq_ctx)
+        bad = [t for t in request.prompt if not 0 <= t < self.decoder.hp.n_vocab]
+        if bad:
+            raise LocalLLMError(f"token ids out of range: {bad[:5]}")
+        Sampler(request.sampling, self.decoder.hp.n_vocab)  # validates logit_bias ids against the vocabulary
+
+    def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> RequestHandle:
+        self.check(request)
+        handle = RequestHandle(request, loop, self)
+        with self._wake:
+            if len(self._queue) >= self.max_queue:
+                self.stats.rejected += 1
+                raise QueueFull(f"the request queue is full ({self.max_queue} waiting); try again later")
+            self._queue.append(handle)
+            self._wake.notify()
+        return handle
+
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    @property
+    def n_active(self) -> int:
+        return len(self._active)
+
+    # -- the step loop -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopping:
+            with self._wake:
+                self._drop_cancelled()
+                self._admit()
+                if not self._active:
+                    self._wake.wait(timeout=0.5)
+                    continue
+            try:
+                self._step()
+            except Exception as exc:  # a bug or an unexpected input: fail the batch, keep serving
+                for seq in list(self._active):
+                    seq.handle.push(Event("error", text=f"{type(exc).__name__}: {exc}"))
+                    self._finish(seq)
+        for seq in list(self._active):
+            seq.handle.push(Event("error", text="the server is shutting down"))
+            self._finish(seq)
+
+    def _positions_needed(self, request: GenerationRequest) -> int:
+        """Cache positions the request can fill: its prompt and every generated token but the last."""
+        budget = request.max_tokens if request.max_tokens is not None else self.seq_ctx
+        return min(len(request.prompt) + max(budget - 1, 0), self.seq_ctx)
+
+    def _admit(self) -> None:
+        """Move queued requests into the batch, oldest first, while slots and KV blocks allow."""
+        bs = self.block_size
+        while self._queue and len(self._active) < self.parallel:
+            handle = self._queue[0]
+            prompt = handle.request.prompt
+            limit = len(prompt) - 1  # the last prompt token always runs: its logits are needed
+            hits, lru_hits, parent = 0, 0, ROOT_KEY
+            for i in range(limit // bs):  # look, without taking references yet
+                parent = block_key(parent, prompt[i * bs : (i + 1) * bs])
+                block = self.pool.peek(parent)
+                if block is None:
+                    break
+                hits += 1
+                lru_hits += self.pool.refcount(block) == 0
+            total = -(-self._positions_needed(handle.request) // bs)
+            if total - hits > self.pool.available - lru_hits:
+                return  # wait for blocks: a finishing sequence frees some
+            self._queue.popleft()
+            blocks = SequenceBlocks()
+            n_cached = blocks.attach_prefix(self.pool, prompt, limit)
+            blocks.reserved = total - len(blocks.table)
+            self.pool.reserve(blocks.reserved)
+            seq = Sequence(handle, self.tokenizer, self.decoder.hp.n_vocab, blocks, n_cached)
+            self.stats.admitted(len(prompt), n_cached)
+            self._active.append(seq)
+
+    def _drop_cancelled(self) -> None:
+        for handle in [h for h in self._queue if h.cancelled]:
+            self._queue.remove(handle)
+            self.stats.cancelled += 1
+        for seq in [s for s in self._active if s.handle.cancelled]:
+            self.stats.cancelled += 1
+            self._finish(seq)
+
+    def _step(self) -> None:
+        decoding = [s for s in self._active if s.decoding]
+        prefilling = [s for s in self._active if not s.decoding]
+        entries = [(s.blocks, s.ids[s.n_past :], s.n_past) for s in decoding]
+        runs = list(decoding)
+        if prefilling:  # one prompt chunk per step, oldest request first
+            seq = prefilling[0]
+            end = min(seq.n_past + self.prefill_chunk, seq.n_prompt)
+            entries.append((seq.blocks, seq.ids[seq.n_past : end], seq.n_past))
+            runs.append(seq)
+        for (blocks, chunk, start) in entries:
+            blocks.ensure(self.pool, start + len(chunk))
+        layout = self.layouts.build(entries, n_rowwise=len(decoding))
+        sampled = [i for i, s in enumerate(runs) if s.n_past + len(entries[i][1]) == len(s.ids)]
+        logit_rows = layout.seq_first[sampled] + layout.seq_rows[sampled] - 1
+        t0 = time.perf_counter()
+        logits = self.decoder.forward_batch(self.cache, layout, logit_rows)
+        self.stats.step(time.perf_counter() - t0, len(layout.tokens))
+        for i, seq in enumerate(runs):
+            seq.n_past += len(entries[i][1])
+            seq.blocks.publish(self.pool, seq.ids, seq.n_past)
+        for row, i in enumerate(sampled):
+            self._sample(runs[i], logits[row])
+
+    def _sample(self, seq: Sequence, logits: np.ndarray) -> None:
+        """The body of generate_tokens' loop for one sequence: sample, emit, decide whether it ends."""
+        req = seq.handle.request
+        if req.max_tokens == 0:
+            return self._done(seq, "length")
+        token = seq.sampler.sample(logits, seq.ids)
+        if seq.generated == 0:
+            seq.timings.prompt_seconds = time.perf_counter() - seq.t0
+            seq.timings.time_to_first_token = seq.timings.prompt_seconds
+            seq.t_decode = time.perf_counter()
+        seq.generated += 1
+        seq.timings.generated_tokens += 1
+        self.stats.generated(1)
+        if token in self._eog:
+            return self._done(seq, "stop")
+        lp = top = None
+        if req.top_logprobs is not None:
+            lp, top = compute_logprobs(logits, token, req.top_logprobs)
+        seq.ids.append(token)
+        text, stopped = seq.stops.feed(seq.detok.feed(token))
+        seq.handle.push(Event("token", text=text, token=token, logprob=lp, top_logprobs=top))
+        if stopped:
+            return self._done(seq, "stop")
+        if req.max_tokens is not None and seq.generated >= req.max_tokens:
+            return self._done(seq, "length")
+        if seq.n_past + 1 >= self.seq_ctx:
+            return self._done(seq, "length")
+
+    def _done(self, seq: Sequence, finish: str) -> None:
+        tail, _ = seq.stops.feed(seq.detok.flush())
+        tail += seq.stops.flush() if finish != "stop" or not seq.stops.stopped else ""
+        if tail:
+            seq.handle.push(Event("token", text=tail))
+        seq.timings.generation_seconds = time.perf_counter() - seq.t_decode
+        seq.handle.push(Event("done", finish_reason=finish, timings=seq.timings))
+        self.stats.completed += 1
+        self._finish(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        seq.blocks.free(self.pool)
+        if seq in self._active:
+            self._active.remove(seq)
+
+
+class EngineStats:
+    """Counters read by /metrics (written by the engine thread only)."""
+
+    def __init__(self):
+        self.requests = 0
+        self.completed = 0
+        self.cancelled = 0
+        self.rejected = 0
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
+        self.generated_tokens = 0
+        self.steps = 0
+        self.step_rows = 0
+        self.forward_seconds = 0.0
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) for the rate
+
+    def admitted(self, prompt_tokens: int, cached: int) -> None:
+        self.requests += 1
+        self.prompt_tokens += prompt_tokens
+        self.cached_prompt_tokens += cached
+
+    def step(self, seconds: float, rows: int) -> None:
+        self.steps += 1
+        self.step_rows += rows
+        self.forward_seconds += seconds
+
+    def generated(self, n: int) -> None:
+        self.generated_tokens += n
+        now = time.monotonic()
+        self._recent.append((now, n))
+        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def tokens_per_second(self) -> float:
+        """Generated tokens per second over the last RATE_WINDOW_S seconds."""
+        now = time.monotonic()
+        recent = [n for t, n in list(self._recent) if t >= now - RATE_WINDOW_S]
+        return sum(recent) / RATE_WINDOW_S

@@ -1,0 +1,267 @@
+"""OpenAI request bodies -> engine requests, engine events -> OpenAI response objects.
+
+Validation is strict about types (a wrong type is a 400 naming the field, as OpenAI answers) and
+lenient about fields we do not use (ignored, as OpenAI ignores unknown fields of older clients).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any, Optional
+
+from ..errors import LocalLLMError
+from ..sampling import SamplingConfig
+from .engine import GenerationRequest
+
+MAX_STOP_STRINGS = 4
+MAX_TOP_LOGPROBS = 20
+
+
+class APIError(LocalLLMError):
+    """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: Optional[str] = None,
+                 code: Optional[str] = None):
+        super().__init__(message)
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
+
+
+def invalid(message: str, param: Optional[str] = None, code: Optional[str] = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+# -- field readers ---------------------------------------------------------------------------------------------
+
+def _number(body: dict, name: str, default, low: float = -math.inf, high: float = math.inf):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise invalid(f"'{name}' must be a number (got {value!r})", name)
+    if not low <= value <= high:
+        raise invalid(f"'{name}' must be between {low} and {high} (got {value!r})", name)
+    return value
+
+
+def _integer(body: dict, name: str, default, low: int = -(2**63), high: int = 2**64 - 1):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(f"'{name}' must be an integer (got {value!r})", name)
+    if not low <= value <= high:
+        raise invalid(f"'{name}' must be between {low} and {high} (got {value!r})", name)
+    return value
+
+
+def _boolean(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise invalid(f"'{name}' must be a boolean (got {value!r})", name)
+    return value
+
+
+def _stop(body: dict) -> list:
+    value = body.get("stop")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise invalid("'stop' must be a string or a list of strings", "stop")
+    if len(value) > MAX_STOP_STRINGS:
+        raise invalid(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
+    return value
+
+
+def _logit_bias(body: dict) -> Optional[dict]:
+    value = body.get("logit_bias")
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid("'logit_bias' must be an object {token id: bias}", "logit_bias")
+    bias = {}
+    for key, b in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise invalid(f"'logit_bias' keys must be token ids (got {key!r})", "logit_bias")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+            raise invalid(f"'logit_bias' values must be numbers between -100 and 100 (got {b!r})", "logit_bias")
+        bias[int(key)] = float(b)
+    return bias
+
+
+def check_model(body: dict, model_ids: list) -> str:
+    """The model a request names: absent means the served one; another name is a 404."""
+    name = body.get("model")
+    if name is None:
+        return model_ids[0]
+    if not isinstance(name, str):
+        raise invalid("'model' must be a string", "model")
+    if name not in model_ids:
+        raise APIError(404, f"The model '{name}' does not exist (this server serves {model_ids[0]!r})",
+                       param="model", code="model_not_found")
+    return model_ids[0]
+
+
+def sampling_request(body: dict, prompt: list, top_logprobs: Optional[int]) -> GenerationRequest:
+    """The fields chat and completions share. Unset sampling options take the engine's defaults
+    (SamplingConfig: temperature 0.8, top_k 40, top_p 0.95, min_p 0.05, as llama.cpp's server)."""
+    n = _integer(body, "n", 1)
+    if n != 1:
+        raise invalid("only n = 1 is supported", "n")
+    defaults = SamplingConfig()
+    max_tokens = _integer(body, "max_completion_tokens", None, 0, 2**31)
+    max_tokens = _integer(body, "max_tokens", max_tokens, 0, 2**31)
+    try:
+        sampling = SamplingConfig(
+            temperature=float(_number(body, "temperature", defaults.temperature, 0.0, 2.0**31)),
+            top_p=float(_number(body, "top_p", defaults.top_p, 0.0, 1.0)),
+            top_k=int(_integer(body, "top_k", defaults.top_k, 0, 2**31)),
+            min_p=float(_number(body, "min_p", defaults.min_p, 0.0, 1.0)),
+            presence_penalty=float(_number(body, "presence_penalty", 0.0, -2.0, 2.0)),
+            frequency_penalty=float(_number(body, "frequency_penalty", 0.0, -2.0, 2.0)),
+            repeat_penalty=float(_number(body, "repeat_penalty", 1.0, 1e-6, 2.0**31)),
+            seed=_integer(body, "seed", None, 0, 2**64 - 1),
+            logit_bias=_logit_bias(body),
+        )
+    except ValueError as exc:  # SamplingError
+        raise invalid(str(exc)) from None
+    return GenerationRequest(prompt=prompt, sampling=sampling, max_tokens=max_tokens, stop=_stop(body),
+                             top_logprobs=top_logprobs)
+
+
+def chat_messages(body: dict) -> list:
+    """messages: [{role, content}] with content a string or a list of {type: 'text', text} parts."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty list", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise invalid(f"messages[{i}] must be an object with a string 'role'", "messages")
+        content = message.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise invalid(f"messages[{i}].content parts must be {{'type': 'text', 'text': ...}}", "messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise invalid(f"messages[{i}].content must be a string or a list of text parts", "messages")
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+def chat_top_logprobs(body: dict) -> Optional[int]:
+    if not _boolean(body, "logprobs", False):
+        if body.get("top_logprobs") is not None:
+            raise invalid("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return None
+    return _integer(body, "top_logprobs", 0, 0, MAX_TOP_LOGPROBS)
+
+
+def completion_top_logprobs(body: dict) -> Optional[int]:
+    return _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
+
+
+def completion_prompt(body: dict, tokenize) -> list:
+    """prompt: a string, a list of token ids, or a one-element list of either."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenize(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return list(prompt)
+    raise invalid("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
+
+
+def stream_options(body: dict) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object", "stream_options")
+    return _boolean(options, "include_usage", False)
+
+
+# -- responses --------------------------------------------------------------------------------------------------
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(timings, n_prompt: int, n_generated: int) -> dict:
+    cached = timings.cached_tokens if timings else 0
+    return {
+        "prompt_tokens": n_prompt,
+        "completion_tokens": n_generated,
+        "total_tokens": n_prompt + n_generated,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def token_bytes(tokenizer, token: int) -> list:
+    return list(tokenizer.token_to_piece(int(token), special=True))
+
+
+def token_text(tokenizer, token: int) -> str:
+    return tokenizer.token_to_piece(int(token), special=True).decode("utf-8", errors="replace")
+
+
+def chat_logprob_entry(tokenizer, event) -> dict:
+    def one(token, lp):
+        return {"token": token_text(tokenizer, token), "logprob": lp, "bytes": token_bytes(tokenizer, token)}
+
+    entry = one(event.token, event.logprob)
+    entry["top_logprobs"] = [one(t, lp) for t, lp in (event.top_logprobs or [])]
+    return entry
+
+
+class CompletionLogprobs:
+    """The legacy completions `logprobs` object, built token by token."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens, self.token_logprobs, self.top_logprobs, self.text_offset = [], [], [], []
+        self._offset = 0
+
+    def add(self, event) -> dict:
+        text = token_text(self.tokenizer, event.token)
+        part = {
+            "tokens": [text],
+            "token_logprobs": [event.logprob],
+            "top_logprobs": [{token_text(self.tokenizer, t): lp for t, lp in (event.top_logprobs or [])}],
+            "text_offset": [self._offset],
+        }
+        self._offset += len(text)
+        for key, value in part.items():
+            getattr(self, key).extend(value)
+        return part
+
+    def as_dict(self) -> dict:
+        return {"tokens": self.tokens, "token_logprobs": self.token_logprobs, "top_logprobs": self.top_logprobs,
+                "text_offset": self.text_offset}
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def require_object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    return body
