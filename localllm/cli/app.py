@@ -10,6 +10,7 @@ import typer
 from . import bench as bench_cmd
 from . import chat as chat_cmd
 from . import run as run_cmd
+from . import serve as serve_cmd
 from . import show as show_cmd
 from . import tokenize as tokenize_cmd
 from .errors import report
@@ -48,6 +49,7 @@ app.command("show")(show_cmd.show)
 app.command("run")(run_cmd.run)
 app.command("tokenize")(tokenize_cmd.tokenize)
 app.command("bench")(bench_cmd.bench)
+app.command("serve")(serve_cmd.serve)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,37 @@
+"""`localllm serve [MODEL]`: the OpenAI-compatible HTTP API (see docs/server.md)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from . import options as opt
+from . import ui
+
+
+def serve(
+    model: Optional[str] = opt.Model,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback unless you say otherwise)."),
+    port: int = typer.Option(8080, "--port", "-p", min=0, max=65535),
+    parallel: int = typer.Option(4, "--parallel", min=1, help="Sequences decoded together in each step."),
+    ctx: int = typer.Option(4096, "--ctx", "-c", min=16, envvar="LOCALLLM_CTX", help="Context size of each request."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALLLM_API_KEY",
+                                          help="Require 'Authorization: Bearer KEY'."),
+    cache_mb: float = typer.Option(512, "--cache-mb", min=1, help="Memory for the paged KV cache (MiB)."),
+    max_queue: int = typer.Option(64, "--max-queue", min=1, help="Waiting requests before 503."),
+    threads: Optional[int] = opt.Threads,
+) -> None:
+    """Serve MODEL over an OpenAI-compatible HTTP API."""
+    from ..server import ServeOptions, serve as run_server
+
+    options = ServeOptions(host=host, port=port, parallel=parallel, ctx=ctx, api_key=api_key, cache_mb=cache_mb,
+                           max_queue=max_queue, threads=threads)
+
+    def ready(llm, engine, model_id) -> None:
+        ui.status(
+            f"serving {model_id} on http://{host}:{port}/v1  (parallel {parallel}, context {engine.seq_ctx}, "
+            f"KV cache {engine.pool.n_blocks} blocks of {engine.block_size} tokens)"
+        )
+
+    run_server(model, options, on_ready=ready)
