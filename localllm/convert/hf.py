@@ -1,0 +1,147 @@
+"""Hugging Face model directory -> GGUF file, one tensor at a time.
+
+    convert_checkpoint("Qwen2.5-0.5B-Instruct/", "qwen.gguf", out_type="F16")
+
+What is written is what llama.cpp's convert_hf_to_gguf.py writes for the family (see family.py and the
+family modules): the same metadata keys and types, tensor names and value conventions, tokenizer and
+chat template. Matrices are stored in `out_type`; vectors (norms, biases, RoPE factors) in F32, as
+llama.cpp does. Each tensor is read, transformed and written before the next is read, so the memory
+held is about one tensor (the largest, token_embd, in float32), not the model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..gguf import GGUFWriter
+from ..gguf.constants import ValueType
+from .checkpoint import Checkpoint
+from .errors import ConversionError
+from .family import Family, family_for
+from .vocab import vocab_metadata
+
+OUT_TYPES = {"F32": 0, "F16": 1, "BF16": 32}  # -> general.file_type (llama_ftype ALL_F32, MOSTLY_F16, MOSTLY_BF16)
+QUANTIZATION_VERSION = 2
+
+Progress = Callable[[str, int, int], None]  # (GGUF tensor name, index, count)
+
+
+def convert_checkpoint(model_dir, output_path, out_type: str = "F32", progress: Optional[Progress] = None) -> Path:
+    """Convert a Hugging Face model directory (config.json, *.safetensors, tokenizer files) to a GGUF
+    file at `output_path` (written under a temporary name, renamed when complete). Returns the path."""
+    out_type = out_type.upper()
+    if out_type not in OUT_TYPES:
+        raise ConversionError(f"output type {out_type!r} is not supported (choose from {', '.join(OUT_TYPES)})")
+    ckpt = Checkpoint(Path(model_dir))
+    family = family_for(ckpt.config)
+    vocab = vocab_metadata(ckpt.dir, family, family.config.get("vocab_size"))
+    output_path = Path(output_path)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    writer = GGUFWriter(output_path)
+    _write_metadata(writer, ckpt, family, vocab, out_type)
+    spill = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", suffix=".tensors", dir=output_path.parent))
+    try:
+        plan = _tensor_plan(ckpt, family)
+        _check_complete(family, [name for name, _ in plan])
+        for index, (gguf_name, read) in enumerate(plan):
+            if progress is not None:
+                progress(gguf_name, index, len(plan))
+            data = read()
+            if gguf_name == "token_embd.weight":
+                data = _fit_vocab(data, family, vocab.n_tokens)
+            _add_tensor(writer, spill, gguf_name, data, out_type)
+            del data
+        return writer.write()
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+
+
+def _write_metadata(writer: GGUFWriter, ckpt: Checkpoint, family: Family, vocab, out_type: str) -> None:
+    writer.add("general.architecture", family.ARCH, ValueType.STRING)
+    writer.add("general.name", ckpt.dir.resolve().name, ValueType.STRING)
+    for key, value, vtype in family.metadata():
+        writer.add(key, value, vtype)
+    writer.add("general.file_type", OUT_TYPES[out_type], ValueType.UINT32)
+    writer.add("general.quantization_version", QUANTIZATION_VERSION, ValueType.UINT32)
+    for key, value, vtype, elem in vocab.entries:
+        writer.add(key, value, vtype, elem)
+
+
+def _tensor_plan(ckpt: Checkpoint, family: Family) -> list[tuple[str, Callable[[], np.ndarray]]]:
+    """(GGUF name, reader of its float32 values in GGUF conventions), in checkpoint order, then extras."""
+    plan: list[tuple[str, Callable[[], np.ndarray]]] = []
+    seen: dict[str, str] = {}
+    for hf_name in ckpt.names():
+        gguf_name = family.tensor_name(hf_name)
+        if gguf_name is None:
+            continue
+        if gguf_name in seen:
+            raise ConversionError(f"tensors '{seen[gguf_name]}' and '{hf_name}' both map to '{gguf_name}'")
+        seen[gguf_name] = hf_name
+        plan.append((gguf_name, lambda h=hf_name, g=gguf_name: family.transform(g, ckpt.read(h))))
+    for gguf_name, data in family.extra_tensors():
+        plan.append((gguf_name, lambda d=data: d))
+    return plan
+
+
+def _check_complete(family: Family, names: list[str]) -> None:
+    """Every layer has its attention and feed-forward weights (a missing shard shows up here, not at load)."""
+    present = set(names)
+    missing = [n for n in ("token_embd.weight", "output_norm.weight") if n not in present]
+    for il in range(int(family.need("num_hidden_layers"))):
+        for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"):
+            if f"blk.{il}.{part}.weight" not in present:
+                missing.append(f"blk.{il}.{part}.weight")
+    if missing:
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ConversionError(f"the checkpoint lacks {', '.join(missing[:5])}{more}")
+
+
+def _fit_vocab(data: np.ndarray, family: Family, n_tokens: int) -> np.ndarray:
+    rows = family.vocab_rows(n_tokens, data.shape[0])
+    if rows != n_tokens:
+        raise ConversionError(f"embed_tokens has {data.shape[0]} rows but the vocabulary has {n_tokens} tokens")
+    return data[:rows]
+
+
+def _add_tensor(writer: GGUFWriter, spill: Path, name: str, data: np.ndarray, out_type: str) -> None:
+    """Store one tensor: matrices in out_type, vectors in F32 (llama.cpp keeps 1-D tensors in F32)."""
+    qtype = out_type if data.ndim >= 2 else "F32"
+    shape = tuple(reversed(data.shape))  # ggml order: row length first
+    if qtype == "F32":
+        stored = data.astype(np.float32, copy=False)
+    elif qtype == "F16":
+        stored = data.astype(np.float16)
+    else:
+        stored = f32_to_bf16_bits(data)
+    # Until the writer streams, each converted tensor waits in a memory-mapped spill file next to the
+    # output, so the resident memory stays about one tensor.
+    mapped = _spill(spill, name, stored)
+    if qtype == "BF16":
+        writer.add_tensor(name, mapped.view(np.uint8), ggml_type="BF16", shape=shape)
+    else:
+        writer.add_tensor(name, mapped)
+
+
+def _spill(directory: Path, name: str, data: np.ndarray) -> np.ndarray:
+    path = directory / f"{name}.npy"
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=data.dtype, shape=data.shape)
+    out[...] = data
+    out.flush()
+    del out
+    return np.load(path, mmap_mode="r")
+
+
+def f32_to_bf16_bits(data: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), round to nearest even; NaN stays a quiet NaN
+    (the rounding gguf-py and ggml use)."""
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    rounded = ((bits.astype(np.uint64) + (0x7FFF + ((bits >> 16) & 1))) >> 16).astype(np.uint16)
+    return np.where(nan, ((bits >> 16) | 64).astype(np.uint16), rounded)
+
