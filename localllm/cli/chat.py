@@ -76,7 +76,8 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
     from ..api import estimate_memory
     from ..hub.resolve import resolve_model
 
-    path = resolve_model(model, pull=True, assume_yes=yes) if _resolve_accepts_pull() else resolve_model(model)
+    with ui.pull_progress() as progress:
+        path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
     memory = estimate_memory(path, ctx)
     ui.err_console.print(
         f"[dim]{Path(path).name}: {ui.human_bytes(memory.weights_bytes)} of weights (mapped) + "
@@ -84,14 +85,6 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
     )
     with ui.err_console.status(f"loading {Path(path).name}"):
         return localllm.load(path, n_ctx=ctx, threads=threads)
-
-
-def _resolve_accepts_pull() -> bool:
-    import inspect
-
-    from ..hub.resolve import resolve_model
-
-    return "pull" in inspect.signature(resolve_model).parameters
 
 
 class Repl:

@@ -26,16 +26,20 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="Print {prompt_tokens, tokens, text, timings}."),
     ctx: Optional[int] = opt.Ctx,
     threads: Optional[int] = opt.Threads,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Download the model without asking if it is not local."),
 ) -> None:
     """Generate a completion for PROMPT."""
     import localllm
+    from ..hub.resolve import resolve_model
 
     if prompt == "-":
         prompt = sys.stdin.read()
     if max_tokens < 0:
         raise typer.BadParameter("--max-tokens must be >= 0")
     config = opt.sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
-    llm = localllm.load(model, n_ctx=ctx, threads=threads)
+    with ui.pull_progress() as progress:
+        path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
+    llm = localllm.load(path, n_ctx=ctx, threads=threads)
     source = [{"role": "user", "content": prompt}] if chat else prompt
     prompt_ids = llm.render_chat(source) if chat else llm.tokenize(prompt)
     tokens, pieces, timings = [], [], None
