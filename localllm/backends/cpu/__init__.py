@@ -166,17 +166,18 @@ class CPUBackend(Backend):
         """A sequence with BLAS_MIN_ROWS rows or more in this step (a prefill chunk) goes through BLAS
         on a contiguous copy of its keys, as `attention` sends such a batch; all other rows (decode rows,
         short chunks) through one Numba kernel call."""
-        kernel_rows = self._paged_rows
+        if self._paged_rows.size < q.shape[0]:
+            self._paged_rows = np.empty(2 * q.shape[0], dtype=np.int32)
+        kernel_rows = self._paged_rows  # int32[R]: the rows the Numba kernel computes
         n_kernel = 0
         for s in range(layout.seq_rows.shape[0]):
             first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
             if n >= BLAS_MIN_ROWS:
                 self._paged_blas(q, cache_k, cache_v, layout, s, scale, window, out)
-            else:
-                if kernel_rows.size < n_kernel + n:
-                    kernel_rows = self._paged_rows = np.empty(2 * (n_kernel + n), dtype=np.int32)
-                kernel_rows[n_kernel : n_kernel + n] = np.arange(first, first + n, dtype=np.int32)
-                n_kernel += n
+                continue
+            for row in range(first, first + n):
+                kernel_rows[n_kernel] = row
+                n_kernel += 1
         if n_kernel == 0:
             return
         self._threads_for(1)

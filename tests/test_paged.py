@@ -1,0 +1,197 @@
+"""The paged KV cache: block pool bookkeeping, and the paged ops against the contiguous-cache ops.
+
+Expected values come from the single-sequence path (kv_store + attention on a contiguous cache,
+T=1 matmuls, Decoder.forward), which tests/test_gemma_reference.py checks against llama.cpp."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localllm.backends.cpu import CPUBackend
+from localllm.model.decoder import KVCache
+from localllm.model.kv_paged import (
+    BlockPool,
+    CacheFull,
+    LayoutBuilder,
+    PagedKVCache,
+    SequenceBlocks,
+    prefix_keys,
+)
+
+BS = 4
+
+
+def _attach(pool, tokens, reserve=0):
+    seq = SequenceBlocks()
+    covered = seq.attach_prefix(pool, tokens, len(tokens))
+    pool.reserve(reserve)
+    seq.reserved = reserve
+    return seq, covered
+
+
+# -- block pool -----------------------------------------------------------------------------------------------
+
+def test_identical_prefixes_share_blocks_by_reference_count():
+    pool = BlockPool(8, BS)
+    tokens = list(range(10))  # two full blocks and a partial one
+    a, covered = _attach(pool, tokens, reserve=3)
+    assert covered == 0
+    a.ensure(pool, 10)
+    a.publish(pool, tokens, 10)
+    assert a.n_registered == 2  # the partial third block is not published
+    b, covered = _attach(pool, tokens[:9] + [99])
+    assert covered == 8 and b.table == a.table[:2]
+    assert [pool.refcount(x) for x in a.table] == [2, 2, 1]
+    c, covered = _attach(pool, [0, 1, 2, 3, 7, 7, 7, 7])  # shares the first block only
+    assert covered == 4 and c.table == a.table[:1]
+    assert pool.stats.hit_blocks == 3
+
+
+def test_a_block_key_names_the_whole_prefix():
+    # the same 4 tokens after different first blocks are different blocks
+    k1 = prefix_keys([0, 0, 0, 0, 5, 6, 7, 8], BS, 2)
+    k2 = prefix_keys([1, 0, 0, 0, 5, 6, 7, 8], BS, 2)
+    assert k1[1] != k2[1]
+    assert prefix_keys([0, 0, 0, 0, 5, 6, 7, 8, 9], BS, 2) == k1
+
+
+def test_released_blocks_stay_cached_and_the_oldest_is_evicted_first():
+    pool = BlockPool(3, BS)
+    first, second = [1, 2, 3, 4], [5, 6, 7, 8]
+    for tokens in (first, second):
+        seq, _ = _attach(pool, tokens, reserve=1)
+        seq.ensure(pool, 4)
+        seq.publish(pool, tokens, 4)
+        seq.free(pool)
+    assert pool.n_cached == 2 and pool.n_used == 0 and pool.available == 3
+    # Needs all three blocks: takes the free one, then evicts `first` (released first), then `second`.
+    seq, _ = _attach(pool, [9] * 8, reserve=2)
+    seq.ensure(pool, 8)
+    assert pool.stats.evictions == 1
+    assert not pool.is_cached(prefix_keys(first, BS, 1)[0]) and pool.is_cached(prefix_keys(second, BS, 1)[0])
+    # A cached block found again leaves the LRU (it cannot be evicted while referenced).
+    again, covered = _attach(pool, second + [0])
+    assert covered == 4 and pool.n_cached == 0 and pool.available == 0
+
+
+def test_a_full_pool_refuses_reservations_until_blocks_come_back():
+    pool = BlockPool(4, BS)
+    a = SequenceBlocks()
+    pool.reserve(3)
+    a.reserved = 3
+    with pytest.raises(CacheFull):
+        pool.reserve(2)
+    a.ensure(pool, 12)
+    assert pool.available == 1 and pool.n_used == 3
+    with pytest.raises(CacheFull):
+        a.ensure(pool, 13)  # beyond its own reservation
+    a.free(pool)  # never published: back to the free list
+    assert pool.available == 4 and pool.n_cached == 0
+    pool.reserve(4)
+
+
+# -- paged ops against contiguous ops ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ops():
+    return CPUBackend(threads=2)
+
+
+class _Seq:
+    def __init__(self, table):
+        self.table = table
+
+
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("n_new", [1, 3, 10])  # decode row, short chunk (Numba kernel), long chunk (BLAS)
+def test_paged_store_and_attention_equal_the_contiguous_ops(ops, window, n_new):
+    rng = np.random.default_rng(n_new + window)
+    n_heads, n_kv, dim, n_past = 4, 2, 8, 9
+    n_total = n_past + n_new
+    k = rng.standard_normal((n_total, n_kv, dim)).astype(np.float32)
+    v = rng.standard_normal((n_total, n_kv, dim)).astype(np.float32)
+    q = rng.standard_normal((n_new, n_heads, dim)).astype(np.float32)
+    # contiguous: the past, then the new rows
+    ck, cv = np.zeros((32, n_kv, dim), np.float16), np.zeros((32, n_kv, dim), np.float16)
+    ops.kv_store(ck, cv, k[:n_past], v[:n_past], 0)
+    ops.kv_store(ck, cv, k[n_past:], v[n_past:], n_past)
+    expected = np.zeros_like(q)
+    ops.attention(q, ck, cv, n_past, 0.3, window, expected)
+    # paged: a scrambled block table, and a second sequence in the same step (one decode row)
+    pk, pv = np.zeros((12, BS, n_kv, dim), np.float16), np.zeros((12, BS, n_kv, dim), np.float16)
+    table = [7, 2, 10, 0, 5][: -(-n_total // BS)]
+    other = _Seq([3, 4, 8])
+    me = _Seq(table)
+    past = LayoutBuilder(BS).build([(me, list(range(n_past)), 0)], n_rowwise=0)
+    ops.kv_store_paged(pk, pv, k[:n_past], v[:n_past], past.slots)
+    other_q = rng.standard_normal((1, n_heads, dim)).astype(np.float32)
+    layout = LayoutBuilder(BS).build([(other, [0], 6), (me, list(range(n_new)), n_past)], n_rowwise=1)
+    k_step = np.concatenate([rng.standard_normal((1, n_kv, dim)).astype(np.float32), k[n_past:]])
+    v_step = np.concatenate([rng.standard_normal((1, n_kv, dim)).astype(np.float32), v[n_past:]])
+    ops.kv_store_paged(pk, pv, k_step, v_step, layout.slots)
+    out = np.zeros((1 + n_new, n_heads, dim), np.float32)
+    ops.attention_paged(np.concatenate([other_q, q]), pk, pv, layout, 0.3, window, out)
+    np.testing.assert_array_equal(out[1:], expected)
+    # the stored rows are where the table says
+    flat = pk.reshape(-1, n_kv, dim)
+    for p in range(n_total):
+        np.testing.assert_array_equal(flat[table[p // BS] * BS + p % BS], ck[p])
+
+
+# -- the real model: row-wise matmul and the batched forward ---------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    import localllm
+
+    return localllm.load(gemma_path, n_ctx=256, threads=2)
+
+
+def test_matmul_rows_equals_one_row_matmuls_for_every_weight_type(gemma):
+    ops, rng = gemma.backend, np.random.default_rng(0)
+    names = {}
+    for suffix in ("attn_q", "attn_v", "attn_output", "ffn_down", "ffn_up"):
+        w = gemma.decoder.w[f"blk.0.{suffix}.weight"]
+        names.setdefault(w.qtype, w.name)
+    assert {"Q4_K", "Q5_0", "Q6_K", "Q8_0"} <= set(names)
+    for qtype, name in names.items():
+        w = gemma.decoder.w[name]
+        x = rng.standard_normal((5, w.n_in)).astype(np.float32)
+        expected = np.zeros((5, w.n_out), np.float32)
+        for t in range(5):
+            ops.matmul(w, x[t : t + 1], expected[t : t + 1])
+        out = np.zeros_like(expected)
+        ops.matmul_rows(w, x, out)
+        np.testing.assert_array_equal(out, expected, err_msg=qtype)
+
+
+def test_batched_forward_gives_each_sequence_its_single_sequence_logits(gemma):
+    dec = gemma.decoder
+    a = gemma.tokenize("The quick brown fox jumps over the lazy dog and keeps running")  # > 8 tokens: BLAS
+    b = gemma.tokenize("Hello there")  # < 8 tokens: row by row
+    # single-sequence references: prefill, then one decode step each
+    refs = {}
+    for name, ids in (("a", a), ("b", b)):
+        cache = KVCache(gemma.backend, dec.hp, 64)
+        prefill = dec.forward(np.asarray(ids, np.int32), 0, cache).copy()
+        step = dec.forward(np.asarray([42], np.int32), len(ids), cache).copy()
+        refs[name] = (prefill[-1], step[0])
+    paged = PagedKVCache(gemma.backend, dec.hp, 16, BS)
+    sa, sb = SequenceBlocks(), SequenceBlocks()
+    for seq, ids in ((sa, a), (sb, b)):
+        paged.pool.reserve(6)
+        seq.reserved = 6
+        seq.ensure(paged.pool, len(ids) + 1)
+    builder = LayoutBuilder(BS)
+    # step 1: b's prompt alone; step 2: b decodes while a prefills; step 3: a decodes
+    lay = builder.build([(sb, b, 0)], n_rowwise=0)
+    l1 = dec.forward_batch(paged, lay, np.array([len(b) - 1], np.int32)).copy()
+    lay = builder.build([(sb, [42], len(b)), (sa, a, 0)], n_rowwise=1)
+    l2 = dec.forward_batch(paged, lay, np.array([0, len(a)], np.int32)).copy()
+    lay = builder.build([(sa, [42], len(a))], n_rowwise=1)
+    l3 = dec.forward_batch(paged, lay, np.array([0], np.int32)).copy()
+    np.testing.assert_array_equal(l1[0], refs["b"][0])
+    np.testing.assert_array_equal(l2[0], refs["b"][1])
+    np.testing.assert_array_equal(l2[1], refs["a"][0])
+    np.testing.assert_array_equal(l3[0], refs["a"][1])
