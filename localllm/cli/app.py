@@ -10,6 +10,7 @@ import typer
 from . import bench as bench_cmd
 from . import chat as chat_cmd
 from . import list_cmd
+from . import quantize as quantize_cmd
 from . import rm as rm_cmd
 from . import run as run_cmd
 from . import serve as serve_cmd
@@ -54,6 +55,7 @@ app.command("bench")(bench_cmd.bench)
 app.command("serve")(serve_cmd.serve)
 app.command("list")(list_cmd.list_models)
 app.command("rm")(rm_cmd.rm)
+app.command("quantize")(quantize_cmd.quantize)
 
 
 def main(argv: list[str] | None = None) -> int:
