@@ -10,6 +10,7 @@ import typer
 from . import bench as bench_cmd
 from . import chat as chat_cmd
 from . import list_cmd
+from . import pull as pull_cmd
 from . import quantize as quantize_cmd
 from . import rm as rm_cmd
 from . import run as run_cmd
@@ -55,6 +56,7 @@ app.command("bench")(bench_cmd.bench)
 app.command("serve")(serve_cmd.serve)
 app.command("list")(list_cmd.list_models)
 app.command("rm")(rm_cmd.rm)
+app.command("pull")(pull_cmd.pull)
 app.command("quantize")(quantize_cmd.quantize)
 
 
@@ -64,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args or os.environ.get("LOCALLLM_DEBUG") == "1"
     args = [a for a in args if a != "--debug"]
     try:
-        app(args=args, prog_name="localllm", standalone_mode=False)
+        # Typer returns (not raises) the code of a typer.Exit from a command, and turns Ctrl-C into Exit(130).
+        code = app(args=args, prog_name="localllm", standalone_mode=False)
     except typer.Exit as exc:
         return exc.exit_code
     except typer.Abort:
@@ -74,13 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # click usage errors carry their own exit code
-        import click
-
-        if isinstance(exc, click.ClickException):
+        # Typer 0.2x raises its vendored click's exceptions (not click.ClickException): known by interface.
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             return exc.exit_code
         return report(exc, debug)
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover

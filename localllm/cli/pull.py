@@ -1,0 +1,55 @@
+"""`localllm pull MODEL [--revision REV] [--models-dir DIR]`: download a GGUF from the Hugging Face Hub."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import ModelNotFound
+from ..hub.pull import HubRef, looks_like_bare_repo, parse_hub_ref
+from ..hub.pull import pull as pull_model
+from .progress import PullProgress
+
+ACCEPTED = "hf.co/USER/REPO[:QUANT], USER/REPO:QUANT or a huggingface.co/USER/REPO/blob/REV/FILE.gguf URL"
+
+
+def _ref_for(name: str) -> HubRef:
+    """What MODEL names on the Hub.
+
+    Alias names (models/*.toml) are to be resolved here first, once localllm.hub.resolve has them:
+    `ref = remote_ref(name) or parse_hub_ref(name)`.
+    """
+    ref = parse_hub_ref(name)
+    if ref is not None:
+        return ref
+    if looks_like_bare_repo(name):
+        raise ModelNotFound(f"'{name}' is not a Hub reference: write hf.co/{name} (or {name}:QUANT)")
+    raise ModelNotFound(f"cannot pull '{name}': give {ACCEPTED}")
+
+
+def pull(
+    model: str = typer.Argument(..., help=f"What to download: {ACCEPTED}."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit (default: main)."),
+    models_dir: Optional[Path] = typer.Option(
+        None, "--models-dir", help="Where models are stored (default: $LOCALLLM_MODELS or the user cache)."
+    ),
+) -> None:
+    """Download a GGUF model from the Hugging Face Hub (resumes an interrupted download; checks its SHA-256)."""
+    from huggingface_hub.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # its retry warnings would break the one-line errors; the bar shows progress
+    ref = _ref_for(model)
+    if revision is not None:
+        ref = dataclasses.replace(ref, revision=revision)
+    try:
+        with PullProgress() as progress:
+            path = pull_model(ref, directory=models_dir, progress=progress)
+    except KeyboardInterrupt:
+        progress.console.print("interrupted: what was downloaded is kept, the same pull resumes from there")
+        raise typer.Exit(130) from None
+    if not progress.bars_opened and progress.console.is_terminal:
+        progress.console.print(f"{path.name} is up to date")
+    print(path)  # stdout: the path alone, for scripts
