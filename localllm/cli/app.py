@@ -9,7 +9,9 @@ import typer
 
 from . import bench as bench_cmd
 from . import chat as chat_cmd
+from . import convert as convert_cmd
 from . import list_cmd
+from . import perplexity as perplexity_cmd
 from . import pull as pull_cmd
 from . import quantize as quantize_cmd
 from . import rm as rm_cmd
@@ -56,6 +58,8 @@ app.command("bench")(bench_cmd.bench)
 app.command("serve")(serve_cmd.serve)
 app.command("list")(list_cmd.list_models)
 app.command("rm")(rm_cmd.rm)
+app.command("convert")(convert_cmd.convert)
+app.command("perplexity")(perplexity_cmd.perplexity)
 app.command("pull")(pull_cmd.pull)
 app.command("quantize")(quantize_cmd.quantize)
 
