@@ -145,10 +145,11 @@ def bf16_round(arr: np.ndarray) -> np.ndarray:
     return ((arr.astype(np.float32).view(np.uint32) >> 16) << 16).view(np.float32)
 
 
-def write_checkpoint(root, family: str, bf16: bool = False, **cfg_extra):
-    """A model directory; returns (path, config, weights as the model computes with them, HF tokenizer)."""
+def write_checkpoint(root, family: str, bf16: bool = False, n_tok: int | None = None, **cfg_extra):
+    """A model directory; returns (path, config, weights as the model computes with them, HF tokenizer).
+    `n_tok`: the size of a tokenizer the caller puts in place of the BPE one."""
     tok = build_tokenizer(family)
-    n_tok = tok.get_vocab_size()
+    n_tok = n_tok or tok.get_vocab_size()
     n_vocab = n_tok if family == "gemma3" else n_tok + 12  # llama/qwen: padded vocab rows, as Qwen ships
     cfg = config_for(family, n_vocab, **cfg_extra)
     weights = hf_weights(cfg, family)
@@ -426,3 +427,52 @@ def test_missing_pieces_are_reported(tmp_path):
         convert_checkpoint(root, tmp_path / "x.gguf")
     with pytest.raises(ConversionError, match="output type"):
         convert_checkpoint(root, tmp_path / "x.gguf", out_type="Q4_K")
+
+
+def train_sentencepiece(vocab_size: int = 340) -> bytes:
+    """A BPE SentencePiece model laid out like Gemma's (pad 0, eos 1, bos 2, unk 3, byte fallback, no dummy prefix)."""
+    import io
+
+    import sentencepiece
+
+    out = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS), model_writer=out, vocab_size=vocab_size, model_type="bpe", byte_fallback=True,
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+        add_dummy_prefix=False, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        minloglevel=2,
+    )
+    return out.getvalue()
+
+
+def test_sentencepiece_tokenizer_model(tmp_path):
+    """Gemma with only tokenizer.model: the protobuf is read without the sentencepiece package; the GGUF
+    vocabulary must tokenize as sentencepiece itself does, and the logits still match."""
+    import sentencepiece
+
+    proto = train_sentencepiece()
+    sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
+    root, cfg, weights, _ = write_checkpoint(tmp_path / "g", "gemma3", n_tok=sp.vocab_size(),
+                                             bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    (root / "tokenizer.json").unlink()
+    (root / "tokenizer.model").write_bytes(proto)
+    tc = json.loads((root / "tokenizer_config.json").read_text())
+    tc["added_tokens_decoder"] = {"4": {"content": "<start_of_turn>", "special": True}, "5": {"content": "<end_of_turn>", "special": True}}
+    (root / "tokenizer_config.json").write_text(json.dumps(tc))
+    out = convert_checkpoint(root, tmp_path / "g.gguf")
+    n = sp.vocab_size()
+    with GGUFReader(out) as r:
+        md = r.metadata
+        assert md["tokenizer.ggml.model"] == "llama" and md["tokenizer.ggml.add_space_prefix"] is False
+        assert md["tokenizer.ggml.tokens"] == [sp.id_to_piece(i) for i in range(n)]
+        assert np.allclose(md["tokenizer.ggml.scores"][6:], [sp.get_score(i) for i in range(6, n)])
+        types = md["tokenizer.ggml.token_type"]
+        assert [types[i] for i in range(6)] == [3, 3, 3, 2, 3, 3]  # pad, eos, bos control; unk; turn markers
+        assert set(types[6:262]) == {6} and set(types[262:]) == {1}  # byte pieces, then normal pieces
+        assert (md["tokenizer.ggml.bos_token_id"], md["tokenizer.ggml.eos_token_id"], md["tokenizer.ggml.padding_token_id"]) == (2, 1, 0)
+    texts = [SAMPLE, "hello  world\n\nthe fox 31415 ünïcödé 🦙"]
+    with localllm.load(out, n_ctx=64) as model:
+        for text in texts:
+            assert model.tokenize(text) == [2] + sp.encode(text)
+        tokens = model.tokenize(SAMPLE)[:12]
+        assert_close(model.logits(tokens), hf_forward(cfg, "gemma3", weights, tokens), 2e-2)
