@@ -30,7 +30,9 @@ from localllm.errors import (
     UnsupportedModelFile,
 )
 from localllm.hub import pull as pull_module
-from localllm.hub.pull import HubRef, choose_file, find_pulled, parse_hub_ref, pull, pulled_records, quant_matches
+from localllm.hub.pull import (
+    HubRef, choose_file, find_pulled, forget_pulled, parse_hub_ref, pull, pulled_records, quant_matches,
+)
 
 MiB = 1 << 20
 REPO = "someone/Tiny-GGUF"
@@ -218,6 +220,17 @@ def test_find_pulled_works_offline(fake_hub, tmp_path, monkeypatch):
     assert find_pulled(HubRef(REPO, quant="Q4_K_M"), tmp_path) is None
 
 
+def test_forget_pulled_drops_only_that_entry(fake_hub, tmp_path):
+    fake_hub.add_file(REPO, "Tiny-Q4_K_M.gguf", payload(1000, 1))
+    fake_hub.add_file(REPO, "Tiny-Q8_0.gguf", payload(1000, 2))
+    pull(HubRef(REPO, quant="Q4_K_M"), directory=tmp_path)
+    pull(HubRef(REPO, quant="Q8_0"), directory=tmp_path)
+    forget_pulled("Tiny-Q4_K_M.gguf", tmp_path)
+    forget_pulled("never-pulled.gguf", tmp_path)
+    assert list(pulled_records(tmp_path)) == ["Tiny-Q8_0.gguf"]
+    assert find_pulled(HubRef(REPO, quant="Q4_K_M"), tmp_path) is None
+
+
 def test_same_file_name_from_two_repos_gets_the_repo_in_the_second_name(fake_hub, tmp_path):
     a, b = payload(1000, 1), payload(1000, 2)
     fake_hub.add_file("alice/M-GGUF", "M-Q4_K_M.gguf", a)
@@ -358,6 +371,17 @@ def test_cli_pull_prints_the_path(fake_hub, tmp_path, capsys, monkeypatch):
     assert (tmp_path / "Tiny-Q4_K_M.gguf").read_bytes() == data
 
 
+def test_cli_pulls_a_registry_name(fake_hub, tmp_path, capsys, monkeypatch):
+    """llama-3.2-1b is in models/llama.toml as bartowski/Llama-3.2-1B-Instruct-GGUF, Q4_K_M by default."""
+    monkeypatch.setenv("LOCALLLM_MODELS", str(tmp_path))
+    repo, wanted = "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"
+    fake_hub.add_file(repo, wanted, payload(2000, 1))
+    fake_hub.add_file(repo, "Llama-3.2-1B-Instruct-Q8_0.gguf", payload(3000, 2))
+    code, out, err = run_cli(capsys, "pull", "llama-3.2-1b")
+    assert (code, out, err) == (0, f"{tmp_path / wanted}\n", "")
+    assert (tmp_path / wanted).read_bytes() == payload(2000, 1)
+
+
 def test_cli_models_dir_and_revision(fake_hub, tmp_path, capsys):
     fake_hub.add_file(REPO, "Tiny-Q4_K_M.gguf", payload(50_000))
     commit = fake_hub.commit_of(REPO)
@@ -374,7 +398,7 @@ def test_cli_models_dir_and_revision(fake_hub, tmp_path, capsys):
         ("mismatch", f"hf.co/{REPO}", "differs from the Hub's"),
         ("disk", f"hf.co/{REPO}", "free"),
         ("down", f"hf.co/{REPO}", "failed"),
-        ("none", "./model.gguf", "give hf.co/USER/REPO[:QUANT]"),
+        ("none", "./model.gguf", "give a registry name, hf.co/USER/REPO[:QUANT]"),
         ("none", "someone/repo", "write hf.co/someone/repo"),
         ("split", f"hf.co/{REPO}:Q6_K", "split GGUF"),
     ],

@@ -9,20 +9,18 @@ from typing import Optional
 import typer
 
 from ..errors import ModelNotFound
-from ..hub.pull import HubRef, looks_like_bare_repo, parse_hub_ref
+from ..hub.pull import HubRef, looks_like_bare_repo
 from ..hub.pull import pull as pull_model
 from .progress import PullProgress
 
-ACCEPTED = "hf.co/USER/REPO[:QUANT], USER/REPO:QUANT or a huggingface.co/USER/REPO/blob/REV/FILE.gguf URL"
+ACCEPTED = "a registry name, hf.co/USER/REPO[:QUANT], USER/REPO:QUANT or a huggingface.co/USER/REPO/blob/REV/FILE.gguf URL"
 
 
 def _ref_for(name: str) -> HubRef:
-    """What MODEL names on the Hub.
+    """What MODEL names on the Hub: a registry name's file (models/*.toml), else a parsed Hub reference."""
+    from ..hub.resolve import remote_ref
 
-    Alias names (models/*.toml) are to be resolved here first, once localllm.hub.resolve has them:
-    `ref = remote_ref(name) or parse_hub_ref(name)`.
-    """
-    ref = parse_hub_ref(name)
+    ref = remote_ref(name)
     if ref is not None:
         return ref
     if looks_like_bare_repo(name):

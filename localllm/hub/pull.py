@@ -234,15 +234,23 @@ def pulled_records(directory: Path | None = None) -> dict[str, PullRecord]:
         return {}
 
 
-def _write_record(directory: Path, name: str, record: PullRecord) -> None:
-    """Add one entry to the index: rewritten under a temporary name, then renamed (never half-written)."""
+def _write_record(directory: Path, name: str, record: PullRecord | None) -> None:
+    """Set (None: drop) one entry of the index: rewritten under a temporary name, then renamed."""
     with _locked(directory / PARTIAL_DIR / "index.lock", wait=True):
         records = pulled_records(directory)
-        records[name] = record
+        if record is None and records.pop(name, None) is None:
+            return
+        if record is not None:
+            records[name] = record
         tmp = directory / f"{INDEX_NAME}.{os.getpid()}.tmp"
         payload = {"version": 1, "files": {n: asdict(r) for n, r in sorted(records.items())}}
         tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, directory / INDEX_NAME)
+
+
+def forget_pulled(name: str, directory: Path | None = None) -> None:
+    """Drop the index entry of the file `name` (for `rm`; the file itself is the caller's to delete)."""
+    _write_record(directory or models_dir(), name, None)
 
 
 def _is_complete(path: Path, record: PullRecord) -> bool:
