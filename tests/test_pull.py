@@ -441,9 +441,10 @@ def test_cli_process_ctrl_c_then_resume(fake_hub, tmp_path, monkeypatch):
     fake_hub.stall_after(12 * MiB)
     proc = cli_process(f"hf.co/{REPO}:Q8_0")
     staged = tmp_path / ".partial" / f"{sha(data)}.part"
+    assert fake_hub.stalled.wait(timeout=60)  # its 12 MiB are sent (and counted)
     deadline = time.monotonic() + 60
     while not (staged.exists() and staged.stat().st_size >= 10 * MiB) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.05)  # ... and the first 10 MiB chunk is written
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     fake_hub.release()
