@@ -27,9 +27,9 @@ import numpy as np
 from .errors import LocalLLMError
 
 MIN_CTX = 16
-# Positions evaluated per forward call in the scored half: bounds the logits buffer
-# (rows x vocabulary floats: 128 x 262,144 x 4 bytes = 128 MiB for Gemma) whatever --ctx is.
-SCORE_BATCH = 128
+# Positions evaluated per forward call in the scored half: bounds the logits buffer and its float64
+# log-probabilities (rows x vocabulary: 64 x 262,144 x 8 bytes = 128 MiB for Gemma) whatever --ctx is.
+SCORE_BATCH = 64
 
 Progress = Callable[[int, int], None]  # (windows done, windows in all)
 
@@ -102,7 +102,16 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Rows of float logits -> float64 log-probabilities."""
     x = logits.astype(np.float64)
     x -= x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    x -= np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return x
+
+
+def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """-log softmax(row)[target] per row, in float64 (log-sum-exp less the target's logit)."""
+    x = logits.astype(np.float64)
+    top = x.max(axis=-1)
+    lse = top + np.log(np.exp(x - top[:, None]).sum(axis=-1))
+    return lse - x[np.arange(len(targets)), targets]
 
 
 def _scored_chunks(model, window: np.ndarray, session, batch: int):
@@ -155,10 +164,12 @@ def perplexity(model, text: str, ctx: int = 512, base=None, progress: Optional[P
     for index, window in enumerate(chunks):
         base_rows = _scored_chunks(base, window, base_session, batch) if base is not None else None
         for logits, positions in _scored_chunks(model, window, session, batch):
-            logp = log_softmax(logits)
             targets = window[positions + 1]
-            nll.add(-logp[np.arange(len(positions)), targets])
-            if base_rows is not None:
+            if base_rows is None:
+                nll.add(token_nll(logits, targets))
+            else:
+                logp = log_softmax(logits)
+                nll.add(-logp[np.arange(len(positions)), targets])
                 base_logits, _ = next(base_rows)
                 base_logp = log_softmax(base_logits)
                 base_nll.add(-base_logp[np.arange(len(positions)), targets])
