@@ -476,3 +476,16 @@ def test_sentencepiece_tokenizer_model(tmp_path):
             assert model.tokenize(text) == [2] + sp.encode(text)
         tokens = model.tokenize(SAMPLE)[:12]
         assert_close(model.logits(tokens), hf_forward(cfg, "gemma3", weights, tokens), 2e-2)
+
+
+def test_cli_convert(tmp_path, capsys):
+    from localllm.cli.app import main
+
+    root, *_ = write_checkpoint(tmp_path / "q", "qwen3")
+    assert main(["convert", str(root), str(tmp_path / "q.gguf"), "--outtype", "f16"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    with GGUFReader(tmp_path / "q.gguf") as r:
+        assert r.tensors["blk.0.ffn_up.weight"].ggml_type.name == "F16"
+    assert main(["convert", str(tmp_path / "nowhere"), str(tmp_path / "x.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
