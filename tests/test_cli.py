@@ -64,7 +64,13 @@ def test_run_prompt_over_context_exits_1(capsys, tiny_llama):
 
 def test_run_bad_flag_value_is_a_usage_error(capsys, tiny_llama):
     code, _, err = run_cli(capsys, "run", tiny_llama, "hi", "--top-p", "1.5")
-    assert code != 0 and "top" in err.lower()
+    assert code == 2 and "top" in err.lower() and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("args", [["run"], ["run", "m", "p", "--top-k", "abc"], ["no-such-command"], ["show", "--bogus"]])
+def test_usage_errors_are_one_line_with_exit_2(capsys, args):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1 and "--help" in err
 
 
 def test_tokenize_jsonl_loads_once_and_answers_per_line(tiny_llama):

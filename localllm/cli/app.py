@@ -64,6 +64,14 @@ app.command("pull")(pull_cmd.pull)
 app.command("quantize")(quantize_cmd.quantize)
 
 
+def _usage_line(exc) -> str:
+    """A usage error as one line (click prints a three-line block): the message and where help is."""
+    message = exc.format_message() if callable(getattr(exc, "format_message", None)) else str(exc)
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "localllm"
+    return f"error: {message} (see '{command} --help')"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the app and maps errors to one line and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -83,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # click usage errors carry their own exit code
         # Typer 0.2x raises its vendored click's exceptions (not click.ClickException): known by interface.
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
+            print(_usage_line(exc), file=sys.stderr)
             return exc.exit_code
         return report(exc, debug)
     return code if isinstance(code, int) else 0
