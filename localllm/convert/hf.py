@@ -5,14 +5,14 @@
 What is written is what llama.cpp's convert_hf_to_gguf.py writes for the family (see family.py and the
 family modules): the same metadata keys and types, tensor names and value conventions, tokenizer and
 chat template. Matrices are stored in `out_type`; vectors (norms, biases, RoPE factors) in F32, as
-llama.cpp does. Each tensor is read, transformed and written before the next is read, so the memory
-held is about one tensor (the largest, token_embd, in float32), not the model.
+llama.cpp does. The GGUF header is written first (types and shapes are known from the safetensors
+headers); then each tensor is read, transformed and written through the writer's stream before the next
+is read, so the memory held is about one tensor (the largest, token_embd, in float32), not the model.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -41,24 +41,19 @@ def convert_checkpoint(model_dir, output_path, out_type: str = "F32", progress: 
     family = family_for(ckpt.config)
     vocab = vocab_metadata(ckpt.dir, family, family.config.get("vocab_size"))
     output_path = Path(output_path)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
     writer = GGUFWriter(output_path)
     _write_metadata(writer, ckpt, family, vocab, out_type)
-    spill = Path(tempfile.mkdtemp(prefix=f".{output_path.name}.", suffix=".tensors", dir=output_path.parent))
-    try:
-        plan = _tensor_plan(ckpt, family)
-        _check_complete(family, [name for name, _ in plan])
-        for index, (gguf_name, read) in enumerate(plan):
+    plan = _tensor_plan(ckpt, family, vocab.n_tokens, out_type)
+    _check_complete(family, [entry.name for entry in plan])
+    for entry in plan:
+        writer.declare_tensor(entry.name, entry.ggml_type, entry.shape)
+    # The header goes first; then each tensor is read, converted and written before the next is read.
+    with writer.stream() as out:
+        for index, entry in enumerate(plan):
             if progress is not None:
-                progress(gguf_name, index, len(plan))
-            data = read()
-            if gguf_name == "token_embd.weight":
-                data = _fit_vocab(data, family, vocab.n_tokens)
-            _add_tensor(writer, spill, gguf_name, data, out_type)
-            del data
-        return writer.write()
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
+                progress(entry.name, index, len(plan))
+            out.write_tensor(entry.name, _stored(entry.read(), entry.ggml_type))
+    return output_path
 
 
 def _write_metadata(writer: GGUFWriter, ckpt: Checkpoint, family: Family, vocab, out_type: str) -> None:
@@ -72,9 +67,18 @@ def _write_metadata(writer: GGUFWriter, ckpt: Checkpoint, family: Family, vocab,
         writer.add(key, value, vtype, elem)
 
 
-def _tensor_plan(ckpt: Checkpoint, family: Family) -> list[tuple[str, Callable[[], np.ndarray]]]:
-    """(GGUF name, reader of its float32 values in GGUF conventions), in checkpoint order, then extras."""
-    plan: list[tuple[str, Callable[[], np.ndarray]]] = []
+@dataclass
+class _Planned:
+    name: str  # GGUF name
+    ggml_type: str
+    shape: tuple[int, ...]  # ggml order (row length first)
+    read: Callable[[], np.ndarray]  # float32 values in GGUF conventions, NumPy order
+
+
+def _tensor_plan(ckpt: Checkpoint, family: Family, n_tokens: int, out_type: str) -> list[_Planned]:
+    """Every GGUF tensor with its type and shape (known from the checkpoint's header, before any data is
+    read), in checkpoint order, then the extras. Matrices in out_type, vectors in F32 (as llama.cpp)."""
+    plan: list[_Planned] = []
     seen: dict[str, str] = {}
     for hf_name in ckpt.names():
         gguf_name = family.tensor_name(hf_name)
@@ -83,9 +87,17 @@ def _tensor_plan(ckpt: Checkpoint, family: Family) -> list[tuple[str, Callable[[
         if gguf_name in seen:
             raise ConversionError(f"tensors '{seen[gguf_name]}' and '{hf_name}' both map to '{gguf_name}'")
         seen[gguf_name] = hf_name
-        plan.append((gguf_name, lambda h=hf_name, g=gguf_name: family.transform(g, ckpt.read(h))))
+        shape = ckpt.shape(hf_name)
+        read = lambda h=hf_name, g=gguf_name: family.transform(g, ckpt.read(h))  # noqa: E731
+        if gguf_name == "token_embd.weight":
+            rows = family.vocab_rows(n_tokens, shape[0])
+            if rows != n_tokens:
+                raise ConversionError(f"embed_tokens has {shape[0]} rows but the vocabulary has {n_tokens} tokens")
+            shape = (rows, *shape[1:])
+            read = lambda h=hf_name, g=gguf_name, r=rows: family.transform(g, ckpt.read(h)[:r])  # noqa: E731
+        plan.append(_Planned(gguf_name, out_type if len(shape) >= 2 else "F32", tuple(reversed(shape)), read))
     for gguf_name, data in family.extra_tensors():
-        plan.append((gguf_name, lambda d=data: d))
+        plan.append(_Planned(gguf_name, "F32", tuple(reversed(data.shape)), lambda d=data: d))
     return plan
 
 
@@ -102,39 +114,13 @@ def _check_complete(family: Family, names: list[str]) -> None:
         raise ConversionError(f"the checkpoint lacks {', '.join(missing[:5])}{more}")
 
 
-def _fit_vocab(data: np.ndarray, family: Family, n_tokens: int) -> np.ndarray:
-    rows = family.vocab_rows(n_tokens, data.shape[0])
-    if rows != n_tokens:
-        raise ConversionError(f"embed_tokens has {data.shape[0]} rows but the vocabulary has {n_tokens} tokens")
-    return data[:rows]
-
-
-def _add_tensor(writer: GGUFWriter, spill: Path, name: str, data: np.ndarray, out_type: str) -> None:
-    """Store one tensor: matrices in out_type, vectors in F32 (llama.cpp keeps 1-D tensors in F32)."""
-    qtype = out_type if data.ndim >= 2 else "F32"
-    shape = tuple(reversed(data.shape))  # ggml order: row length first
-    if qtype == "F32":
-        stored = data.astype(np.float32, copy=False)
-    elif qtype == "F16":
-        stored = data.astype(np.float16)
-    else:
-        stored = f32_to_bf16_bits(data)
-    # Until the writer streams, each converted tensor waits in a memory-mapped spill file next to the
-    # output, so the resident memory stays about one tensor.
-    mapped = _spill(spill, name, stored)
-    if qtype == "BF16":
-        writer.add_tensor(name, mapped.view(np.uint8), ggml_type="BF16", shape=shape)
-    else:
-        writer.add_tensor(name, mapped)
-
-
-def _spill(directory: Path, name: str, data: np.ndarray) -> np.ndarray:
-    path = directory / f"{name}.npy"
-    out = np.lib.format.open_memmap(path, mode="w+", dtype=data.dtype, shape=data.shape)
-    out[...] = data
-    out.flush()
-    del out
-    return np.load(path, mmap_mode="r")
+def _stored(data: np.ndarray, ggml_type: str) -> np.ndarray:
+    """float32 values -> the array whose bytes the file holds for `ggml_type`."""
+    if ggml_type == "F32":
+        return data.astype(np.float32, copy=False)
+    if ggml_type == "F16":
+        return data.astype(np.float16)
+    return f32_to_bf16_bits(data)
 
 
 def f32_to_bf16_bits(data: np.ndarray) -> np.ndarray:
