@@ -429,8 +429,9 @@ def test_missing_pieces_are_reported(tmp_path):
         convert_checkpoint(root, tmp_path / "x.gguf", out_type="Q4_K")
 
 
-def train_sentencepiece(vocab_size: int = 340) -> bytes:
-    """A BPE SentencePiece model laid out like Gemma's (pad 0, eos 1, bos 2, unk 3, byte fallback, no dummy prefix)."""
+def train_sentencepiece(vocab_size: int = 340, dummy_prefix: bool = False) -> bytes:
+    """A BPE SentencePiece model laid out like Gemma's (pad 0, eos 1, bos 2, unk 3, byte fallback; Gemma 3
+    has no dummy prefix, Llama 2 has one)."""
     import io
 
     import sentencepiece
@@ -439,20 +440,24 @@ def train_sentencepiece(vocab_size: int = 340) -> bytes:
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(CORPUS), model_writer=out, vocab_size=vocab_size, model_type="bpe", byte_fallback=True,
         pad_id=0, eos_id=1, bos_id=2, unk_id=3, user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
-        add_dummy_prefix=False, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        add_dummy_prefix=dummy_prefix, normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
         minloglevel=2,
     )
     return out.getvalue()
 
 
-def test_sentencepiece_tokenizer_model(tmp_path):
-    """Gemma with only tokenizer.model: the protobuf is read without the sentencepiece package; the GGUF
-    vocabulary must tokenize as sentencepiece itself does, and the logits still match."""
+@pytest.mark.parametrize("family", ["gemma3", "llama"])
+def test_sentencepiece_tokenizer_model(tmp_path, family):
+    """Gemma 3 / Llama 2 with only tokenizer.model: the protobuf is read without the sentencepiece
+    package; the GGUF vocabulary must tokenize as sentencepiece itself does (Llama 2's dummy-prefix space
+    included), and the logits still match."""
     import sentencepiece
 
-    proto = train_sentencepiece()
+    llama = family == "llama"
+    proto = train_sentencepiece(dummy_prefix=llama)
     sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
-    root, cfg, weights, _ = write_checkpoint(tmp_path / "g", "gemma3", n_tok=sp.vocab_size(),
+    extra = {"rope_scaling": None} if llama else {}
+    root, cfg, weights, _ = write_checkpoint(tmp_path / "g", family, n_tok=sp.vocab_size(), **extra,
                                              bos_token_id=2, eos_token_id=1, pad_token_id=0)
     (root / "tokenizer.json").unlink()
     (root / "tokenizer.model").write_bytes(proto)
@@ -463,19 +468,20 @@ def test_sentencepiece_tokenizer_model(tmp_path):
     n = sp.vocab_size()
     with GGUFReader(out) as r:
         md = r.metadata
-        assert md["tokenizer.ggml.model"] == "llama" and md["tokenizer.ggml.add_space_prefix"] is False
-        assert md["tokenizer.ggml.tokens"] == [sp.id_to_piece(i) for i in range(n)]
-        assert np.allclose(md["tokenizer.ggml.scores"][6:], [sp.get_score(i) for i in range(6, n)])
+        assert md["tokenizer.ggml.model"] == "llama" and md["tokenizer.ggml.add_space_prefix"] is llama
+        assert md["tokenizer.ggml.tokens"][:n] == [sp.id_to_piece(i) for i in range(n)]
+        assert np.allclose(md["tokenizer.ggml.scores"][6:n], [sp.get_score(i) for i in range(6, n)])
         types = md["tokenizer.ggml.token_type"]
         assert [types[i] for i in range(6)] == [3, 3, 3, 2, 3, 3]  # pad, eos, bos control; unk; turn markers
-        assert set(types[6:262]) == {6} and set(types[262:]) == {1}  # byte pieces, then normal pieces
+        assert set(types[6:262]) == {6} and set(types[262:n]) == {1}  # byte pieces, then normal pieces
+        assert set(types[n:]) <= {5}  # llama: padded to config.json's vocab_size with unused tokens
         assert (md["tokenizer.ggml.bos_token_id"], md["tokenizer.ggml.eos_token_id"], md["tokenizer.ggml.padding_token_id"]) == (2, 1, 0)
     texts = [SAMPLE, "hello  world\n\nthe fox 31415 ünïcödé 🦙"]
     with localllm.load(out, n_ctx=64) as model:
         for text in texts:
             assert model.tokenize(text) == [2] + sp.encode(text)
         tokens = model.tokenize(SAMPLE)[:12]
-        assert_close(model.logits(tokens), hf_forward(cfg, "gemma3", weights, tokens), 2e-2)
+        assert_close(model.logits(tokens), hf_forward(cfg, family, weights, tokens), 2e-2)
 
 
 def test_cli_convert(tmp_path, capsys):
