@@ -196,8 +196,8 @@ def test_llamacpp_reference_dequantize_quantize_and_dot(name):
     np.testing.assert_array_equal(bits(qt.dequantize(q)), bits(ref["deq"].reshape(q.shape[0], -1)))
     if qt.quantize is not None:
         # llama.cpp made `q` with ggml_quantize_chunk and no importance matrix: the _ref quantizers, the
-        # path every localllm quantizer follows, so no type is an exception (IQ4_NL and IQ4_XS, whose
-        # ggml quantizers always search scales, have no localllm quantizer and no reference file).
+        # path every localllm quantizer follows, so no type is an exception. (IQ4_NL and IQ4_XS have no
+        # file here: their quantizers are checked against ggml's in tests/test_quantize.py.)
         np.testing.assert_array_equal(qt.quantize(ref["x"]).reshape(q.shape), q)
     if "dot" not in ref.files:
         return  # llama.cpp has no vec_dot for this type (Q8_K is only ever an activation format)

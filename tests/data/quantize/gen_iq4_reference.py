@@ -2,11 +2,12 @@
 
 Usage: python gen_iq4_reference.py /path/to/libggml-base.so
 
-How the checked-in file was made: ggml-org/ggml at commit d99724f2b141 (2026-08-21), built with
-`cmake -S . -B build -DCMAKE_BUILD_TYPE=Release && make -C build ggml-base` (gcc, no -march flags, so no
-FMA contraction: the same arithmetic as llama.cpp's portable build). The file holds float32 rows `x`
-and, per type, the bytes of `quantize_iq4_nl` / `quantize_iq4_xs` (src, dst, nrows, n_per_row,
-imatrix=NULL): the functions llama-quantize reaches through ggml_quantize_chunk.
+Where the checked-in file came from: ggml's own C quantizers (ggml-org/ggml at commit d99724f2b141,
+a portable build: no FMA contraction, the same arithmetic as llama.cpp's portable build), called on the
+rows below. No ggml code or build recipe is part of this repository: the .npz is data, an oracle
+independent of our implementation. The file holds float32 rows `x` and, per type, the bytes of
+`quantize_iq4_nl` / `quantize_iq4_xs` (src, dst, nrows, n_per_row, imatrix=NULL): the functions
+llama-quantize reaches through ggml_quantize_chunk.
 
 Rows: the 18 rows of the K-quant reference (tests/data/reference/quant/Q4_K.npz, described in its
 manifest), then 64 rows of Gemma 3 270M's blk.0.ffn_down dequantized (real weights), then edge cases.
