@@ -27,9 +27,12 @@ import numpy as np
 from .errors import LocalLLMError
 
 MIN_CTX = 16
-# Positions evaluated per forward call in the scored half: bounds the logits buffer and its float64
-# log-probabilities (rows x vocabulary: 64 x 262,144 x 8 bytes = 128 MiB for Gemma) whatever --ctx is.
-SCORE_BATCH = 64
+# Positions evaluated per forward call in the scored half: bounds the logits buffer (rows x vocabulary
+# floats: 256 x 262,144 x 4 bytes = 256 MiB for Gemma) whatever --ctx is, while a prefill call still
+# covers the whole scored half at --ctx 512 (each call re-reads the output matrix, 70% of Gemma's weights).
+SCORE_BATCH = 256
+# Rows turned into float64 log-probabilities at a time (64 x 262,144 x 8 bytes = 128 MiB for Gemma).
+ROWS_PER_STEP = 64
 
 Progress = Callable[[int, int], None]  # (windows done, windows in all)
 
@@ -162,17 +165,23 @@ def perplexity(model, text: str, ctx: int = 512, base=None, progress: Optional[P
     session = model.new_session()
     base_session = base.new_session() if base is not None else None
     for index, window in enumerate(chunks):
-        base_rows = _scored_chunks(base, window, base_session, batch) if base is not None else None
+        base_chunks = _scored_chunks(base, window, base_session, batch) if base is not None else None
         for logits, positions in _scored_chunks(model, window, session, batch):
-            targets = window[positions + 1]
-            if base_rows is None:
-                nll.add(token_nll(logits, targets))
-            else:
-                logp = log_softmax(logits)
-                nll.add(-logp[np.arange(len(positions)), targets])
-                base_logits, _ = next(base_rows)
-                base_logp = log_softmax(base_logits)
-                base_nll.add(-base_logp[np.arange(len(positions)), targets])
+            base_logits = None
+            if base_chunks is not None:
+                # Same decoder when base is model: its buffer is about to be overwritten, keep a copy.
+                logits = logits.copy() if base is model else logits
+                base_logits, _ = next(base_chunks)
+            for lo in range(0, len(positions), ROWS_PER_STEP):
+                rows = slice(lo, lo + ROWS_PER_STEP)
+                targets = window[positions[rows] + 1]
+                if base_logits is None:
+                    nll.add(token_nll(logits[rows], targets))
+                    continue
+                logp, base_logp = log_softmax(logits[rows]), log_softmax(base_logits[rows])
+                picked = np.arange(len(targets))
+                nll.add(-logp[picked, targets])
+                base_nll.add(-base_logp[picked, targets])
                 kld.add((np.exp(base_logp) * (base_logp - logp)).sum(axis=-1))
                 same.add((base_logp.argmax(-1) == logp.argmax(-1)).astype(np.float64))
         if progress is not None:

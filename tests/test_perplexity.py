@@ -46,7 +46,10 @@ def direct_ppl(model, text: str, ctx: int) -> tuple[float, float, int]:
     return ppl, ppl * math.sqrt((mean_sq - mean * mean) / (len(v) - 1)), len(v)
 
 
-def test_perplexity_equals_the_formula_on_the_models_own_logits(tiny):
+def test_perplexity_equals_the_formula_on_the_models_own_logits(tiny, monkeypatch):
+    import localllm.perplexity
+
+    monkeypatch.setattr(localllm.perplexity, "ROWS_PER_STEP", 2)  # several float64 steps per chunk too
     text = sample_text(60)
     with localllm.load(tiny, n_ctx=CTX, threads=1) as model:
         want_ppl, want_err, want_n = direct_ppl(model, text, CTX)
@@ -174,3 +177,18 @@ def test_library_rejects_mismatched_vocabularies(tiny):
         base = SimpleNamespace(tokenizer=SimpleNamespace(tokens=["x"]), n_ctx=CTX)
         with pytest.raises(PerplexityError, match="vocabulary"):
             perplexity(model, sample_text(60), CTX, base=base)
+
+
+def test_real_gemma_on_the_shipped_text(gemma_path):
+    """Two 32-token windows of the public-domain text on the real model: the formula on its own logits,
+    and a perplexity in the range a small model has on English prose."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent / "data" / "ppl" / "botchan.txt").read_text(encoding="utf-8")[:330]
+    with localllm.load(gemma_path, n_ctx=32) as model:
+        want_ppl, want_err, want_n = direct_ppl(model, text, 32)
+        got = perplexity(model, text, 32)
+        n_tokens = len(model.tokenize(text))
+    assert n_tokens >= 64 and (got.n_windows, got.n_scored) == (n_tokens // 32, want_n)
+    assert got.ppl == pytest.approx(want_ppl, rel=1e-3) and got.ppl_stderr == pytest.approx(want_err, rel=1e-2)
+    assert 3 < got.ppl < 200
