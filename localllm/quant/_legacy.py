@@ -21,7 +21,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .q8_k import PREFETCH_BYTES, VectorCode
+from .q8_k import PREFETCH_BYTES, VectorCode, grid_dot_intrinsic
 
 BLOCK = 32
 
@@ -143,50 +143,58 @@ def _first_lane(v: VectorCode, value, lanes: int):
     return v.builder.insert_element(zeros, value, ir.Constant(ir.IntType(32), 0))
 
 
-def row_dot_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: int = 0, min_offset=None):
-    """An intrinsic row_dot(w, aqs, ad, asum, n_blocks) -> float32 for one 32-element block type.
+def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: int = 0, min_offset=None):
+    """block_terms(v, w, aqs, ad, asum, b, prefetch) for one 32-element block type: block b of the weight
+    row w against the q8_0 activation (aqs, ad, asum), all element pointers, as (ints, scale, extra).
 
     Block b of the row w holds a float16 scale d at byte 0, the nibbles at qs_offset, the fifth bits at
     qh_offset (five-bit types) and a float16 minimum m at min_offset (types with a minimum). Its weights
-    are d * (q - zero) [+ m]; against the q8_0 activation (aqs, ad, asum) the block contributes
+    are d * (q - zero) [+ m]; against the activation the block contributes
         d * ad[b] * (sum_j q_j * a_j - zero * asum[b])  [+ m * ad[b] * asum[b]].
     The integer sum stays in eight int32 lanes (the zero correction subtracted from lane 0), is converted
-    and scaled as a vector and added to float accumulators (VectorCode.row_sum): no horizontal sum per
-    block, which is what held these types to 7 GB/s.
+    and scaled as a vector and added to float accumulators (VectorCode.row_sum / grid_sum): no
+    horizontal sum per block, which is what held these types to 7 GB/s.
     """
+
+    def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
+        builder = v.builder
+        base = builder.mul(b, ir.Constant(b.type, block_bytes))
+        quants = _nibbles(v, None, w, v.offset(base, qs_offset))
+        if prefetch is not None:  # the row pointer to prefetch PREFETCH_BYTES past block b of
+            v.prefetch(None, prefetch, base, PREFETCH_BYTES)
+        if qh_offset is not None:
+            quants = v.or_(quants, _fifth_bits(v, None, w, v.offset(base, qh_offset)))
+        acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
+        ints = v.scale_pairs(v.dot_pairs(quants, acts), v.constant(1, 16, 16))
+        act_scale = v.load_scalar(None, ad, b)
+        act_sum = v.resize(v.load_scalar(None, asum, b), 32)
+        if zero:
+            correction = builder.mul(act_sum, ir.Constant(act_sum.type, zero))
+            ints = builder.sub(ints, _first_lane(v, correction, 8))
+        scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
+        if min_offset is None:
+            return ints, scale, None
+        minimum = v.load_f16_splat(None, w, v.offset(base, min_offset), 1)
+        minimum = builder.extract_element(minimum, ir.Constant(ir.IntType(32), 0))
+        product = builder.fmul(minimum, act_scale, flags=v.PINNED)
+        extra = builder.fmul(product, builder.sitofp(act_sum, ir.FloatType()), flags=v.PINNED)
+        return ints, scale, extra
+
+    return block_terms
+
+
+def row_dot_kernel(block_terms):
+    """An intrinsic row_dot(w, aqs, ad, asum, n_blocks) -> float32 over one weight row (w: uint8[row
+    bytes]) and one q8_0 activation, from a block_terms_kernel."""
 
     @intrinsic
     def row_dot(typingctx, w, aqs, ad, asum, n_blocks):
         sig = types.float32(w, aqs, ad, asum, n_blocks)
 
         def codegen(context, builder, signature, args):
-            w_, aqs_, ad_, asum_, n_blocks_ = args
-            w_type, aqs_type, ad_type, asum_type, _ = signature.args
             v = VectorCode(context, builder)
-            ones = v.constant(1, 16, 16)
-
-            def block(b):
-                base = builder.mul(b, ir.Constant(b.type, block_bytes))
-                quants = _nibbles(v, w_type, w_, v.offset(base, qs_offset))
-                v.prefetch(w_type, w_, base, PREFETCH_BYTES)
-                if qh_offset is not None:
-                    quants = v.or_(quants, _fifth_bits(v, w_type, w_, v.offset(base, qh_offset)))
-                acts = v.load(aqs_type, aqs_, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
-                ints = v.scale_pairs(v.dot_pairs(quants, acts), ones)
-                act_scale = v.load_scalar(ad_type, ad_, b)
-                act_sum = v.resize(v.load_scalar(asum_type, asum_, b), 32)
-                if zero:
-                    correction = builder.mul(act_sum, ir.Constant(act_sum.type, zero))
-                    ints = builder.sub(ints, _first_lane(v, correction, 8))
-                scale = builder.fmul(v.load_f16_splat(w_type, w_, base), v.splat(act_scale, 8))
-                if min_offset is None:
-                    return ints, scale, None
-                minimum = v.load_f16_splat(w_type, w_, v.offset(base, min_offset), 1)
-                minimum = builder.extract_element(minimum, ir.Constant(ir.IntType(32), 0))
-                extra = builder.fmul(builder.fmul(minimum, act_scale), builder.sitofp(act_sum, ir.FloatType()))
-                return ints, scale, extra
-
-            return v.row_sum(n_blocks_, block)
+            pointers = [v._data(t, a) for t, a in zip(signature.args[:4], args[:4])]
+            return v.row_sum(args[4], lambda b: block_terms(v, *pointers, b, pointers[0]))
 
         return sig, codegen
 

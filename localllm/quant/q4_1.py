@@ -14,9 +14,11 @@ import numpy as np
 
 from . import QuantType
 from ._legacy import (
+    block_terms_kernel,
     dequantize_q4_min_block,
     f16_bytes,
     f16_column,
+    grid_dot_intrinsic,
     pack_nibbles,
     quantize_affine,
     row_dot_kernel,
@@ -53,7 +55,12 @@ def dequantize_row(src, out):
         dequantize_q4_min_block(src, 0, base + 4, 0, d, m, out, b * BLOCK)
 
 
-row_dot = row_dot_kernel(BLOCK_BYTES, qs_offset=4, min_offset=2)
+block_terms = block_terms_kernel(BLOCK_BYTES, qs_offset=4, min_offset=2)
+row_dot = row_dot_kernel(block_terms)
+# Four weight rows x one activation (the decode matvec) and one weight row x four activation rows
+# (batched decode), each result equal to vec_dot's (q8_k.grid_dot_intrinsic).
+dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
+dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
 
 
 @fast_kernel

@@ -220,6 +220,13 @@ def block_sums(typingctx, w, base, aqs, a, asum, group, words):
     return sig, codegen
 
 
+@exact_kernel
+def accumulate(acc, a_scale, d, dmin, scaled, mins):
+    """acc + ad * (d * scaled - dmin * mins): a super-block's float step, as IEEE operations in this order
+    (no fast-math: vec_dot and vec_dot_1x4 inline it, and must round alike)."""
+    return acc + a_scale * (d * np.float32(scaled) - dmin * np.float32(mins))
+
+
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*144] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation.
@@ -233,10 +240,34 @@ def vec_dot(w, aqs, ad, asum):
         base = b * BLOCK_BYTES
         words = scale_min_words(w, base + _SCALES)
         scaled, mins = block_sums(w, base, aqs, b * BLOCK, asum, b * (BLOCK // 16), words)
-        d = read_f16(w, base + _D)
-        dmin = read_f16(w, base + _DMIN)
-        acc += ad[b] * (d * np.float32(scaled) - dmin * np.float32(mins))
+        acc = accumulate(acc, ad[b], read_f16(w, base + _D), read_f16(w, base + _DMIN), scaled, mins)
     return acc
+
+
+@fast_kernel
+def vec_dot_1x4(w, aqs, ad, asum, t):
+    """The four values vec_dot(w, aqs[t + i], ad[t + i], asum[t + i]) for i < 4, bit for bit: aqs
+    int8[T, n], ad float32[T, n/256], asum int32[T, n/16], C-contiguous (a batch of q8_k activations).
+
+    The four block_sums of a super-block read the same weight bytes, and LLVM unpacks them once (the
+    batched decode's rows share every weight block); the float steps are vec_dot's (accumulate)."""
+    n, groups = aqs.shape[1], asum.shape[1]
+    qs, sums = aqs.reshape(aqs.size), asum.reshape(asum.size)
+    acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
+    for b in range(n // BLOCK):
+        base = b * BLOCK_BYTES
+        words = scale_min_words(w, base + _SCALES)
+        d, dmin = read_f16(w, base + _D), read_f16(w, base + _DMIN)
+        a, g = t * n + b * BLOCK, t * groups + b * (BLOCK // 16)
+        s0, m0 = block_sums(w, base, qs, a, sums, g, words)
+        s1, m1 = block_sums(w, base, qs, a + n, sums, g + groups, words)
+        s2, m2 = block_sums(w, base, qs, a + 2 * n, sums, g + 2 * groups, words)
+        s3, m3 = block_sums(w, base, qs, a + 3 * n, sums, g + 3 * groups, words)
+        acc0 = accumulate(acc0, ad[t, b], d, dmin, s0, m0)
+        acc1 = accumulate(acc1, ad[t + 1, b], d, dmin, s1, m1)
+        acc2 = accumulate(acc2, ad[t + 2, b], d, dmin, s2, m2)
+        acc3 = accumulate(acc3, ad[t + 3, b], d, dmin, s3, m3)
+    return acc0, acc1, acc2, acc3
 
 
 # ----- quantization (llama.cpp's quantize_row_q4_K_ref) -----

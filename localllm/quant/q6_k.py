@@ -181,8 +181,36 @@ def vec_dot(w, aqs, ad, asum):
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
         total = block_sum(w, base, aqs, b * BLOCK, asum, b * N_GROUPS)
-        acc += ad[b] * read_f16(w, base + _D) * np.float32(total)
+        acc = accumulate(acc, ad[b], read_f16(w, base + _D), total)
     return acc
+
+
+@exact_kernel
+def accumulate(acc, a_scale, d, total):
+    """acc + ad * d * total: a super-block's float step, as IEEE operations in this order (no fast-math:
+    vec_dot and vec_dot_1x4 inline it, and must round alike)."""
+    return acc + a_scale * d * np.float32(total)
+
+
+@fast_kernel
+def vec_dot_1x4(w, aqs, ad, asum, t):
+    """The four values vec_dot(w, aqs[t + i], ad[t + i], asum[t + i]) for i < 4, bit for bit: aqs
+    int8[T, n], ad float32[T, n/256], asum int32[T, n/16], C-contiguous (a batch of q8_k activations).
+
+    The four block_sums of a super-block read the same weight bytes, and LLVM unpacks them once (the
+    batched decode's rows share every weight block); the float steps are vec_dot's (accumulate)."""
+    n, groups = aqs.shape[1], asum.shape[1]
+    qs, sums = aqs.reshape(aqs.size), asum.reshape(asum.size)
+    acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
+    for b in range(n // BLOCK):
+        base = b * BLOCK_BYTES
+        d = read_f16(w, base + _D)
+        a, g = t * n + b * BLOCK, t * groups + b * N_GROUPS
+        acc0 = accumulate(acc0, ad[t, b], d, block_sum(w, base, qs, a, sums, g))
+        acc1 = accumulate(acc1, ad[t + 1, b], d, block_sum(w, base, qs, a + n, sums, g + groups))
+        acc2 = accumulate(acc2, ad[t + 2, b], d, block_sum(w, base, qs, a + 2 * n, sums, g + 2 * groups))
+        acc3 = accumulate(acc3, ad[t + 3, b], d, block_sum(w, base, qs, a + 3 * n, sums, g + 3 * groups))
+    return acc0, acc1, acc2, acc3
 
 
 # ----- quantization (llama.cpp's quantize_row_q6_K_ref) -----

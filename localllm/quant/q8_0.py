@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
-from .q8_k import PREFETCH_BYTES, VectorCode, as_blocks, as_float_blocks
+from .q8_k import PREFETCH_BYTES, VectorCode, as_blocks, as_float_blocks, grid_dot_intrinsic
 
 BLOCK = 32
 BLOCK_BYTES = 34
@@ -56,6 +56,21 @@ def dequantize_row(src, out):
             out[b * BLOCK + j] = d * np.float32(qs[base + j])
 
 
+def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
+    """Block b of the weight row w against the q8_0 activation (aqs, ad) (element pointers): the 32
+    products in eight int32 lanes and the scale d_w * d_a as a vector (asum unused: no zero point).
+    prefetch: None, or the row pointer to prefetch PREFETCH_BYTES past block b of."""
+    builder = v.builder
+    base = builder.mul(b, ir.Constant(b.type, BLOCK_BYTES))
+    quants = v.load(None, w, v.offset(base, 2), BLOCK)
+    if prefetch is not None:
+        v.prefetch(None, prefetch, base, PREFETCH_BYTES)
+    acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
+    ints = v.scale_pairs(v.dot_pairs_signed(quants, acts), v.constant(1, 16, 16))
+    scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
+    return ints, scale
+
+
 @intrinsic
 def row_dot(typingctx, w, aqs, ad, n_blocks):
     """sum_b d_b * ad[b] * <w block b, aqs block b> over n_blocks blocks, float32 (see vec_dot)."""
@@ -65,20 +80,16 @@ def row_dot(typingctx, w, aqs, ad, n_blocks):
         w_, aqs_, ad_, n_blocks_ = args
         w_type, aqs_type, ad_type, _ = signature.args
         v = VectorCode(context, builder)
-        ones = v.constant(1, 16, 16)
-
-        def block(b):
-            base = builder.mul(b, ir.Constant(b.type, BLOCK_BYTES))
-            quants = v.load(w_type, w_, v.offset(base, 2), BLOCK)
-            v.prefetch(w_type, w_, base, PREFETCH_BYTES)
-            acts = v.load(aqs_type, aqs_, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
-            ints = v.scale_pairs(v.dot_pairs_signed(quants, acts), ones)
-            scale = builder.fmul(v.load_f16_splat(w_type, w_, base), v.splat(v.load_scalar(ad_type, ad_, b), 8))
-            return ints, scale
-
-        return v.row_sum(n_blocks_, block)
+        pointers = [v._data(t, a) for t, a in ((w_type, w_), (aqs_type, aqs_), (ad_type, ad_))]
+        return v.row_sum(n_blocks_, lambda b: block_terms(v, *pointers, None, b, pointers[0]))
 
     return sig, codegen
+
+
+# Several dot products at once (VectorCode.grid_sum), each equal to vec_dot's: four weight rows against
+# one activation (the decode matvec), one weight row against four activation rows (batched decode).
+dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
+dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
 
 
 @fast_kernel
