@@ -25,6 +25,8 @@ class MemoryEstimate:
     weights_bytes: int  # mapped from the file (page cache), not copied
     kv_bytes: int
     n_ctx: int
+    # On a device backend: weights as uploaded + KV cache + buffers, all in device memory (0 on the CPU).
+    device_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -202,11 +204,14 @@ class Model:
 
 
 def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, threads: Optional[int] = None, backend: str = "cpu") -> Model:
-    """Load a GGUF model by path or name (None: the built-in default) and bind it to a backend.
+    """Load a GGUF model by path or name (None: the built-in default) and bind it to a backend:
+    "cpu", "cuda" (numba-cuda; weights, KV cache and activations in device memory) or "auto" (CUDA when
+    a device is present, else CPU).
 
     Every tensor is checked (presence, shape, type) before any kernel runs; nothing is printed.
     """
     from .hub.resolve import resolve_model
+    from .model.hparams import HParams
     from .tokenizer import Tokenizer
 
     path = resolve_model(None if model is None else str(model))
@@ -218,6 +223,7 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
         memory = _estimate(reader, n_ctx)
         tokenizer = Tokenizer.from_metadata(reader.metadata)
         ops = create_backend(backend, threads)
+        ops.plan_memory(reader, memory, HParams.from_reader(reader, tokenizer.vocab_size), ctx_given=n_ctx is not None)
         decoder = arch_cls(reader, ops, n_vocab=tokenizer.vocab_size)
     except BaseException:
         reader.close()

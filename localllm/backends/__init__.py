@@ -12,10 +12,27 @@ def _cpu(threads):
     return CPUBackend(threads)
 
 
-BACKENDS = {"cpu": _cpu}
+def _cuda(threads):
+    from .cuda import CUDABackend
+
+    return CUDABackend(threads)
+
+
+BACKENDS = {"cpu": _cpu, "cuda": _cuda}
+BACKEND_CHOICES = ("auto", *BACKENDS)
+
+
+def resolve_backend_name(name: str) -> str:
+    """'auto' -> 'cuda' when numba-cuda sees a real device, else 'cpu'; other names unchanged."""
+    if name != "auto":
+        return name
+    from .cuda import device_available
+
+    return "cuda" if device_available() else "cpu"
 
 
 def create_backend(name: str = "cpu", threads: int | None = None) -> Backend:
+    name = resolve_backend_name(name)
     try:
         factory = BACKENDS[name]
     except KeyError:
@@ -23,4 +40,4 @@ def create_backend(name: str = "cpu", threads: int | None = None) -> Backend:
     return factory(threads)
 
 
-__all__ = ["Backend", "Weight", "create_backend", "BACKENDS"]
+__all__ = ["Backend", "Weight", "create_backend", "resolve_backend_name", "BACKENDS", "BACKEND_CHOICES"]

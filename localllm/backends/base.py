@@ -37,6 +37,14 @@ class Weight:
 
 class Backend(ABC):
     name: str = "abstract"
+    # Buffers are host NumPy arrays that host code may index (np.take, views); False for a device
+    # backend, whose buffers only the ops touch (the server's batched decode needs True for now).
+    host_buffers: bool = True
+
+    def plan_memory(self, reader, memory, hp, ctx_given: bool) -> None:
+        """Check that the model fits the backend's own memory before anything is uploaded and record what
+        it takes in `memory` (an api.MemoryEstimate; a device backend may lower memory.n_ctx when the user
+        did not set it, and raises a typed error naming both sizes). Host backends: nothing to do."""
 
     # -- memory ---------------------------------------------------------------------------------
     @abstractmethod

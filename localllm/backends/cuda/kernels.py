@@ -1,0 +1,226 @@
+"""Device kernels for the non-matmul ops (contracts: backends/base.py). Shapes in each docstring.
+
+Row kernels (RMS norm, attention) run one block per row and reduce in shared memory over however many
+threads the block has (a power of two); elementwise kernels are grid-stride loops. float16 data (the KV
+cache) is passed as its uint16 bits and converted with blocks.f16_to_f32 / f32_to_f16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from .blocks import f16_to_f32, f32_to_f16
+from .launch import MAX_HEAD_DIM, MAX_THREADS
+
+SQRT_2_OVER_PI = np.float32(0.7978845608028654)
+
+
+@cuda.jit(device=True)
+def _block_sum(red, value):
+    """Sum of `value` over the block's threads (blockDim.x a power of two), returned to every thread.
+    red: float32[MAX_THREADS] shared scratch, free again when this returns."""
+    tid = cuda.threadIdx.x
+    red[tid] = value
+    cuda.syncthreads()
+    half = cuda.blockDim.x // 2
+    while half > 0:
+        if tid < half:
+            red[tid] += red[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    total = red[0]
+    cuda.syncthreads()
+    return total
+
+
+@cuda.jit(device=True)
+def _block_max(red, value):
+    tid = cuda.threadIdx.x
+    red[tid] = value
+    cuda.syncthreads()
+    half = cuda.blockDim.x // 2
+    while half > 0:
+        if tid < half and red[tid + half] > red[tid]:
+            red[tid] = red[tid + half]
+        cuda.syncthreads()
+        half //= 2
+    best = red[0]
+    cuda.syncthreads()
+    return best
+
+
+@cuda.jit
+def fill_zero(flat):
+    """flat uint8[n] = 0 (the simulator has no memset)."""
+    for i in range(cuda.grid(1), flat.shape[0], cuda.gridsize(1)):
+        flat[i] = 0
+
+
+@cuda.jit
+def rms_norm(x, weight, eps, out):
+    """x float32[R, D], weight float32[D] -> out float32[R, D] (may be x); one block per row. The sum of
+    squares in float64, like the CPU backend; out = x * inv * weight in float32, in that order."""
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    d = x.shape[1]
+    red = cuda.shared.array(MAX_THREADS, np.float64)
+    s = np.float64(0.0)
+    for i in range(tid, d, cuda.blockDim.x):
+        v = np.float64(x[r, i])
+        s += v * v
+    total = _block_sum(red, s)
+    inv = np.float32(1.0 / math.sqrt(total / d + np.float64(eps)))
+    for i in range(tid, d, cuda.blockDim.x):
+        out[r, i] = x[r, i] * inv * weight[i]
+
+
+@cuda.jit
+def rope(x, positions, inv_freq, neox):
+    """Rotate x float32[T, H, D] in place; positions int32[T]; inv_freq float32[n_rot/2] (the host
+    computes it as the CPU backend does). Angles in float64: positions reach 1e5 and more."""
+    n_tok, n_head, _ = x.shape
+    half = inv_freq.shape[0]
+    for job in range(cuda.grid(1), n_tok * n_head * half, cuda.gridsize(1)):
+        i = job % half
+        h = (job // half) % n_head
+        t = job // (half * n_head)
+        angle = np.float64(positions[t]) * np.float64(inv_freq[i])
+        c = np.float32(math.cos(angle))
+        s = np.float32(math.sin(angle))
+        if neox:
+            ia, ib = i, i + half
+        else:
+            ia, ib = 2 * i, 2 * i + 1
+        a = x[t, h, ia]
+        b = x[t, h, ib]
+        x[t, h, ia] = a * c - b * s
+        x[t, h, ib] = a * s + b * c
+
+
+@cuda.jit
+def kv_store(cache, src, slots):
+    """cache uint16[P, Hkv, D] (float16 bits) row slots[t] <- src float32[T, Hkv, D], rounded to nearest
+    even. slots int32[T] (the contiguous cache passes start + t)."""
+    n_tok, n_head, d = src.shape
+    for job in range(cuda.grid(1), n_tok * n_head * d, cuda.gridsize(1)):
+        i = job % d
+        h = (job // d) % n_head
+        t = job // (d * n_head)
+        cache[slots[t], h, i] = f32_to_f16(src[t, h, i])
+
+
+@cuda.jit
+def kv_store_range(cache, src, start):
+    """cache uint16[n_ctx, Hkv, D] rows start .. start + T <- src float32[T, Hkv, D] (decode's path:
+    no slot list to copy to the device)."""
+    n_tok, n_head, d = src.shape
+    for job in range(cuda.grid(1), n_tok * n_head * d, cuda.gridsize(1)):
+        i = job % d
+        h = (job // d) % n_head
+        t = job // (d * n_head)
+        cache[start + t, h, i] = f32_to_f16(src[t, h, i])
+
+
+@cuda.jit(device=True)
+def _attend(q, t, h, keys, values, table, kvh, pos, scale, window, out, scores, job):
+    """out[t, h] = softmax(q[t, h] . K[j] * scale) V over keys j in [first, pos], j < pos - window
+    excluded when window > 0. keys/values uint16[NB, BS, Hkv, D]: key j lives in block table[j // BS] at
+    j % BS. scores float32[*, n_keys] row `job` is scratch. One block per (t, h)."""
+    tid = cuda.threadIdx.x
+    n = cuda.blockDim.x
+    d = q.shape[2]
+    bs = keys.shape[1]
+    first = 0
+    if window > 0 and pos - window + 1 > 0:
+        first = pos - window + 1
+    qs = cuda.shared.array(MAX_HEAD_DIM, np.float32)
+    red = cuda.shared.array(MAX_THREADS, np.float32)
+    for i in range(tid, d, n):
+        qs[i] = q[t, h, i]
+    cuda.syncthreads()
+    best = np.float32(-math.inf)
+    for j in range(first + tid, pos + 1, n):
+        blk = table[j // bs]
+        off = j % bs
+        s = np.float32(0.0)
+        for i in range(d):
+            s += qs[i] * f16_to_f32(keys[blk, off, kvh, i])
+        s *= scale
+        scores[job, j] = s
+        best = max(best, s)
+    best = _block_max(red, best)
+    part = np.float32(0.0)
+    for j in range(first + tid, pos + 1, n):
+        e = np.float32(math.exp(scores[job, j] - best))
+        scores[job, j] = e
+        part += e
+    inv = np.float32(1.0) / _block_sum(red, part)  # its barriers also publish the scores
+    for i in range(tid, d, n):
+        acc = np.float32(0.0)
+        for j in range(first, pos + 1):
+            acc += scores[job, j] * f16_to_f32(values[table[j // bs], j % bs, kvh, i])
+        out[t, h, i] = acc * inv
+
+
+@cuda.jit
+def attention(q, keys, values, table, start, t0, scale, window, out, scores):
+    """Contiguous cache: q float32[T, Hq, D] rows t0 .. t0 + Tc (Tc = scores.shape[0] / Hq) at positions
+    start + t; keys/values uint16[1, n_ctx, Hkv, D]; table int32[1] = {0}; scores float32[Tc*Hq, n_keys]."""
+    n_head = q.shape[1]
+    job = cuda.blockIdx.x
+    t = t0 + job // n_head
+    h = job % n_head
+    kvh = h // (n_head // keys.shape[2])
+    _attend(q, t, h, keys, values, table, kvh, start + t, scale, window, out, scores, job)
+
+
+@cuda.jit
+def attention_paged(q, keys, values, tables, row_seq, positions, scale, window, out, scores):
+    """Paged cache: row t of q float32[T, Hq, D] belongs to sequence row_seq[t] at positions[t]; keys/values
+    uint16[NB, BS, Hkv, D]; tables int32[S, max_blocks]; scores float32[T*Hq, n_keys]."""
+    n_head = q.shape[1]
+    job = cuda.blockIdx.x
+    t = job // n_head
+    h = job % n_head
+    kvh = h // (n_head // keys.shape[2])
+    _attend(q, t, h, keys, values, tables[row_seq[t]], kvh, positions[t], scale, window, out, scores, job)
+
+
+@cuda.jit
+def gated_act(gate, up, out, gelu):
+    """out float32[T, F] = act(gate) * up; gelu: GELU, tanh form (in float32, as llama.cpp's CUDA
+    backend computes it; the CPU backend reads a float16 table), else SiLU."""
+    n_cols = gate.shape[1]
+    for job in range(cuda.grid(1), gate.shape[0] * n_cols, cuda.gridsize(1)):
+        r = job // n_cols
+        c = job % n_cols
+        g = gate[r, c]
+        if gelu:
+            inner = SQRT_2_OVER_PI * g * (np.float32(1.0) + np.float32(0.044715) * g * g)
+            a = np.float32(0.5) * g * (np.float32(1.0) + np.float32(math.tanh(inner)))
+        else:
+            a = g / (np.float32(1.0) + np.float32(math.exp(-g)))
+        out[r, c] = a * up[r, c]
+
+
+@cuda.jit
+def add(a, b, out):
+    """out float32[R, C] = a + b."""
+    n_cols = a.shape[1]
+    for job in range(cuda.grid(1), a.shape[0] * n_cols, cuda.gridsize(1)):
+        r = job // n_cols
+        c = job % n_cols
+        out[r, c] = a[r, c] + b[r, c]
+
+
+@cuda.jit
+def scale(x, factor, out):
+    """out float32[R, C] = x * factor."""
+    n_cols = x.shape[1]
+    for job in range(cuda.grid(1), x.shape[0] * n_cols, cuda.gridsize(1)):
+        r = job // n_cols
+        c = job % n_cols
+        out[r, c] = x[r, c] * factor
