@@ -457,11 +457,14 @@ def test_sentencepiece_tokenizer_model(tmp_path, family):
     proto = train_sentencepiece(dummy_prefix=llama)
     sp = sentencepiece.SentencePieceProcessor(model_proto=proto)
     extra = {"rope_scaling": None} if llama else {}
-    root, cfg, weights, _ = write_checkpoint(tmp_path / "g", family, n_tok=sp.vocab_size(), **extra,
-                                             bos_token_id=2, eos_token_id=1, pad_token_id=0)
+    # ids from config.json (as llama.cpp reads them); Gemma's eos_token_id is a list there, so its EOS id
+    # comes from tokenizer_config.json's eos_token, found among the pieces
+    ids = {"bos_token_id": 2, "eos_token_id": [1, 5] if not llama else 1, "pad_token_id": 0}
+    root, cfg, weights, _ = write_checkpoint(tmp_path / "g", family, n_tok=sp.vocab_size(), **extra, **ids)
     (root / "tokenizer.json").unlink()
     (root / "tokenizer.model").write_bytes(proto)
     tc = json.loads((root / "tokenizer_config.json").read_text())
+    tc.update(bos_token="<s>", eos_token="</s>")
     tc["added_tokens_decoder"] = {"4": {"content": "<start_of_turn>", "special": True}, "5": {"content": "<end_of_turn>", "special": True}}
     (root / "tokenizer_config.json").write_text(json.dumps(tc))
     out = convert_checkpoint(root, tmp_path / "g.gguf")

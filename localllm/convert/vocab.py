@@ -205,6 +205,8 @@ def _special_tokens(model_dir: Path, meta: VocabMetadata) -> None:
     config = _tokenizer_config(model_dir)
     tok_json = model_dir / "tokenizer.json"
     added = (read_json(tok_json).get("added_tokens") or []) if tok_json.is_file() else []
+    tokens = next(value for key, value, _, _ in meta.entries if key == "tokenizer.ggml.tokens")
+    token_ids = {text: i for i, text in reversed(list(enumerate(tokens)))}
     ids: dict[str, int] = {}
     flags: dict[str, bool] = {}
     if tok_json.is_file():
@@ -214,6 +216,8 @@ def _special_tokens(model_dir: Path, meta: VocabMetadata) -> None:
         content = entry.get("content") if isinstance(entry, dict) else entry
         if isinstance(content, str):
             found = next((a["id"] for a in added if a.get("content") == content), None)
+            if found is None:  # no tokenizer.json (SentencePiece only): the piece itself
+                found = token_ids.get(content)
             if isinstance(found, int) and found < meta.n_tokens:
                 ids.setdefault(kind, found)
         if isinstance(config.get(f"add_{kind}_token"), bool):
