@@ -7,7 +7,7 @@ Starts the server in-process on 127.0.0.1 (a free port) and drives it over HTTP 
      answer against the one expected for its prompt (cross-talk would change it); no error allowed;
      resident memory sampled, KV pool bounded by --cache-mb.
 
-    python scripts/bench_server.py [--model PATH] [--soak-seconds 120] [--tokens 32]
+    python scripts/bench_server.py [--model PATH] [--soak-seconds 120] [--tokens 32] [--throughput-only]
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ def main() -> int:
     parser.add_argument("--soak-clients", type=int, default=32)
     parser.add_argument("--cache-mb", type=float, default=256)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--throughput-only", action="store_true", help="stop after the 1 vs 8 client throughput")
     args = parser.parse_args()
 
     model = localllm.load(args.model, n_ctx=2048, threads=args.threads)
@@ -142,6 +143,8 @@ def main() -> int:
         one = throughput(server, 1, args.tokens)
         eight = throughput(server, 8, args.tokens)
         print(f"throughput: 1 client {one:.1f} tok/s, 8 clients {eight:.1f} tok/s aggregate, ratio {eight / one:.2f}x")
+        if args.throughput_only:
+            return 0
         miss, hit, n_sys = prefix_cache(server, model)
         print(f"prefix cache: {n_sys}-token prompt, TTFT miss {miss * 1000:.0f} ms, hit {hit * 1000:.0f} ms, "
               f"ratio {hit / miss:.3f}")
