@@ -80,13 +80,15 @@ def time_generation(model, n_gen: int, rng) -> int:
     return time.perf_counter_ns() - t0
 
 
-def bench(model_path, n_prompt: int = 512, n_gen: int = 128, threads=(None,), repetitions: int = 5, seed: int = 0, progress=None):
-    """Yield a BenchResult per (thread count, test). `progress(msg)` is called before each test."""
+def bench(model_path, n_prompt: int = 512, n_gen: int = 128, threads=(None,), repetitions: int = 5, seed: int = 0, progress=None,
+          backend: str = "cpu"):
+    """Yield a BenchResult per (thread count, test) on `backend`. `progress(msg)` is called before each test.
+    Timings are end to end: each forward returns host logits, which waits for a device backend's kernels."""
     import localllm
 
     rng = np.random.default_rng(seed)
     for n_threads in threads:
-        model = localllm.load(model_path, n_ctx=max(n_prompt, n_gen) + 16, threads=n_threads)
+        model = localllm.load(model_path, n_ctx=max(n_prompt, n_gen) + 16, threads=n_threads, backend=backend)
         info = _model_info(model)
         tests = [(n_prompt, 0)] * bool(n_prompt) + [(0, n_gen)] * bool(n_gen)
         for pp, tg in tests:

@@ -8,11 +8,14 @@ size. Either way every check must pass: none is skipped or deselected.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).parent
 
@@ -32,3 +35,60 @@ def test_cuda_backend_conformance():
     summary = proc.stdout.strip().splitlines()[-1]
     assert re.search(r"\b\d+ passed\b", summary), report
     assert not re.search(r"skipped|deselected|xfail|xpass|failed|error", summary), summary
+
+
+# ----- selecting the backend from the CLI (this process: no simulator) ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from tiny_models import write_tiny_model
+
+    return write_tiny_model(tmp_path_factory.mktemp("cuda-cli") / "tiny.gguf", "llama", "Q8_0", seed=4)
+
+
+def run_cli(capsys, *args):
+    from localllm.cli.app import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_backend_cuda_without_a_device_is_one_line(capsys, tiny_llama, monkeypatch):
+    """Without numba-cuda: 'install localllm[cuda]'; with it but no GPU: 'no CUDA device'. Exit 1."""
+    import importlib.util
+
+    from localllm.backends.cuda import device_available
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    code, out, err = run_cli(capsys, "run", tiny_llama, "ab", "-n", "1", "--backend", "cuda")
+    if device_available():  # a GPU machine: the same command simply works
+        assert code == 0, err
+        return
+    assert code == 1 and err.count("\n") == 1 and err.startswith("error: "), err
+    if importlib.util.find_spec("numba_cuda") is None:
+        assert "pip install 'localllm[cuda]'" in err
+    else:
+        assert "no CUDA device" in err
+
+
+def test_backend_auto_falls_back_to_cpu(capsys, tiny_llama, monkeypatch):
+    from localllm.backends import resolve_backend_name
+    from localllm.backends.cuda import device_available
+
+    monkeypatch.delenv("NUMBA_ENABLE_CUDASIM", raising=False)
+    assert resolve_backend_name("auto") == ("cuda" if device_available() else "cpu")
+    code, out, err = run_cli(capsys, "run", tiny_llama, "ab", "-n", "2", "--temperature", "0", "--backend", "auto", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["tokens"]) == 2
+
+
+def test_unknown_backend_is_a_usage_error(capsys, tiny_llama):
+    code, out, err = run_cli(capsys, "run", tiny_llama, "ab", "--backend", "tpu")
+    assert code == 2 and "--backend must be one of auto, cpu, cuda" in err
+
+
+def test_serve_refuses_the_cuda_backend(capsys):
+    code, out, err = run_cli(capsys, "serve", "--backend", "cuda")
+    assert code == 1 and "serve does not support --backend cuda" in err and err.count("\n") == 1

@@ -27,6 +27,7 @@ def bench(
     threads: Optional[str] = typer.Option(None, "--threads", "-t", help="Thread counts, e.g. 1,2 (default: physical cores)."),
     repetitions: int = typer.Option(5, "--repetitions", "-r", help="Timed runs per test (after one warm-up)."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list with llama-bench's keys."),
+    backend: str = opt.Backend,
 ) -> None:
     """Measure prompt processing (pp) and text generation (tg) speed, as llama-bench does."""
     from ..bench import bench as run_bench
@@ -37,7 +38,7 @@ def bench(
         raise typer.BadParameter("--repetitions must be >= 1")
     counts = _thread_list(threads) if threads else [None]
     progress = None if json_out else (lambda msg: ui.status(f"running {msg}"))
-    results = list(run_bench(model, n_prompt, n_gen, counts, repetitions, progress=progress))
+    results = list(run_bench(model, n_prompt, n_gen, counts, repetitions, progress=progress, backend=backend))
     if json_out:
         ui.print_json([r.as_dict() for r in results])
         return

@@ -49,6 +49,7 @@ def chat(
     seed: Optional[int] = opt.Seed,
     ctx: Optional[int] = opt.Ctx,
     threads: Optional[int] = opt.Threads,
+    backend: str = opt.Backend,
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print time to first token and speeds after each reply."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Download the model without asking if it is not local."),
 ) -> None:
@@ -65,12 +66,12 @@ def chat(
         raise typer.BadParameter(str(exc)) from None
     if max_tokens < 1:
         raise typer.BadParameter("--max-tokens must be >= 1")
-    llm = load_with_status(model, ctx, threads, yes)
+    llm = load_with_status(model, ctx, threads, yes, backend)
     conversation = Conversation(llm, system=system, settings=settings)
     Repl(conversation, threads).run()
 
 
-def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional[int], yes: bool = False):
+def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional[int], yes: bool = False, backend: str = "cpu"):
     """Resolve MODEL (pulling it if needed), say what it will take in memory, then load with a spinner."""
     import localllm
     from ..api import estimate_memory
@@ -84,7 +85,7 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
         f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]"
     )
     with ui.err_console.status(f"loading {Path(path).name}"):
-        return localllm.load(path, n_ctx=ctx, threads=threads)
+        return localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
 
 
 class Repl:
@@ -220,7 +221,7 @@ class Repl:
         except ValueError:
             raise LocalLLMError(f"ctx must be an integer, got '{value.strip()}'") from None
         old = self.conversation
-        llm = load_with_status(str(old.model.path), n_ctx, self.threads)
+        llm = load_with_status(str(old.model.path), n_ctx, self.threads, backend=old.model.backend.name)
         new = Conversation(llm, settings=old.settings)
         new.messages = old.messages
         old.model.close()

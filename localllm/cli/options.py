@@ -10,6 +10,20 @@ Model = typer.Argument(None, help="Model path or name (default: the built-in Gem
 Threads = typer.Option(
     None, "--threads", "-t", help="CPU threads (default: physical cores).", envvar="LOCALLLM_THREADS", min=1
 )
+
+
+def _check_backend(value: str) -> str:
+    from ..backends import BACKEND_CHOICES
+
+    if value not in BACKEND_CHOICES:
+        raise typer.BadParameter(f"--backend must be one of {', '.join(BACKEND_CHOICES)}, got {value!r}")
+    return value
+
+
+Backend = typer.Option(
+    "cpu", "--backend", "-b", callback=_check_backend, envvar="LOCALLLM_BACKEND",
+    help="cpu, cuda (NVIDIA GPU; pip install 'localllm[cuda]') or auto (cuda when a GPU is present).",
+)
 Ctx = typer.Option(
     None, "--ctx", "-c", help="Context size in tokens (default: trained context, capped by memory).",
     envvar="LOCALLLM_CTX", min=16,

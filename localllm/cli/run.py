@@ -26,6 +26,7 @@ def run(
     json_out: bool = typer.Option(False, "--json", help="Print {prompt_tokens, tokens, text, timings}."),
     ctx: Optional[int] = opt.Ctx,
     threads: Optional[int] = opt.Threads,
+    backend: str = opt.Backend,
     yes: bool = typer.Option(False, "--yes", "-y", help="Download the model without asking if it is not local."),
 ) -> None:
     """Generate a completion for PROMPT."""
@@ -39,7 +40,7 @@ def run(
     config = opt.sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
     with ui.pull_progress() as progress:
         path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
-    llm = localllm.load(path, n_ctx=ctx, threads=threads)
+    llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
     source = [{"role": "user", "content": prompt}] if chat else prompt
     prompt_ids = llm.render_chat(source) if chat else llm.tokenize(prompt)
     tokens, pieces, timings = [], [], None

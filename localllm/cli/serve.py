@@ -21,9 +21,16 @@ def serve(
     cache_mb: float = typer.Option(512, "--cache-mb", min=1, help="Memory for the paged KV cache (MiB)."),
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="Waiting requests before 503."),
     threads: Optional[int] = opt.Threads,
+    backend: str = opt.Backend,
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
+    from ..errors import LocalLLMError
     from ..server import ServeOptions, serve as run_server
+
+    # The engine's batched decode indexes activation buffers on the host (Backend.host_buffers), so the
+    # server runs on the CPU backend for now; 'auto' therefore means cpu here.
+    if backend == "cuda":
+        raise LocalLLMError("serve does not support --backend cuda yet (its batched decode needs host buffers); use --backend cpu")
 
     options = ServeOptions(host=host, port=port, parallel=parallel, ctx=ctx, api_key=api_key, cache_mb=cache_mb,
                            max_queue=max_queue, threads=threads)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 MAX_THREADS = 1024  # per-block reduction scratch
 MAX_VEC_T = 8  # activation rows per matvec launch (more rows go through the dequantize + GEMM path)
 MAX_TILE = 16  # GEMM tile edge
+MAX_TILE_PADDED = 17  # a padded tile row (shared array shapes must be literal constants for numba-cuda)
 MAX_HEAD_DIM = 512
 
 

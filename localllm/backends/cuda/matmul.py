@@ -19,7 +19,7 @@ import numpy as np
 from numba import cuda
 
 from .blocks import UNIT, UNIT_DECODERS
-from .launch import MAX_THREADS, MAX_TILE, MAX_VEC_T
+from .launch import MAX_THREADS, MAX_TILE, MAX_TILE_PADDED, MAX_VEC_T
 
 # Upper bound of the dequantized slab (float32 elements): 64 MiB.
 SLAB_ELEMENTS = 16 * 1024 * 1024
@@ -124,7 +124,7 @@ def gemm_xwt(x, slab, out, col0, bias, has_bias):
     n = cuda.blockIdx.x * tile + tx
     n_load = cuda.blockIdx.x * tile + ty  # the slab row this thread stages
     xs = cuda.shared.array((MAX_TILE, MAX_TILE), np.float32)
-    ws = cuda.shared.array((MAX_TILE, MAX_TILE + 1), np.float32)
+    ws = cuda.shared.array((MAX_TILE, MAX_TILE_PADDED), np.float32)
     n_tok, k = x.shape
     n_rows = slab.shape[0]
     acc = np.float32(0.0)
