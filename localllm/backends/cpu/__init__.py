@@ -14,6 +14,15 @@ from . import kernels
 from .attention_blas import BlasAttention
 from .matmul import BLAS_MIN_ROWS, MatmulScratch, gather_rows_kernel, matmul, matmul_rows
 
+# How idle OpenMP workers wait (Numba's default threading layer here is OpenMP; libgomp reads this once,
+# when Numba's pool first starts, which is after this import). libgomp's default spins a worker for a
+# while before sleeping: ~1.5 us to start a parallel region instead of ~7 us (measured, 2 threads), but
+# on a machine whose cores other processes also want, spinning workers take the cores our own threads
+# need: Gemma 3 270M decode at 2 threads on this project's shared 2-core machine (load average ~5)
+# measured 7-28 tok/s with the default against 70 with PASSIVE. A decode step starts ~130 regions, so
+# on an idle machine PASSIVE costs ~0.8 ms a token (~5%). The user's own setting wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def physical_cores() -> int:
     """Physical cores (hyper-threads share execution units, so they do not help memory-bound decode)."""
@@ -58,6 +67,10 @@ def _resolve_numba_threads_reader():
     except Exception:  # pragma: no cover - depends on Numba internals
         pass
     return numba.get_num_threads
+
+
+# Ops smaller than this many elements run on one thread (see CPUBackend._threads_for).
+SMALL_OP_WORK = 1 << 16
 
 
 class CPUBackend(Backend):
@@ -112,12 +125,20 @@ class CPUBackend(Backend):
     def embed(self, w: Weight, ids, out) -> None:
         gather_rows_kernel(quant.get(w.qtype))(w.data, ids, out)
 
-    def _threads_for(self, rows: int) -> None:
+    def _threads_for(self, rows: int, work: int | None = None) -> None:
         """Numba's thread count for an op over `rows` rows. Batches of BLAS_MIN_ROWS rows or more are a
         prefill, whose matrix products run in BLAS on all the backend's threads; BLAS's workers spin
         between calls, and parallel Numba kernels in between fight them for the cores (measured on
-        Gemma 3 270M pp512, 2 threads: 272 tok/s with 2-thread kernels, 546 with 1-thread ones)."""
-        wanted = 1 if rows >= BLAS_MIN_ROWS else self._numba_threads
+        Gemma 3 270M pp512, 2 threads: 272 tok/s with 2-thread kernels, 546 with 1-thread ones).
+
+        work: the op's size in elements, for the small ops of a decode step (a norm or activation of one
+        row, attention over a short context): under SMALL_OP_WORK they run on the calling thread alone.
+        Waking the pool costs more than such an op: measured, rms_norm of 1x640 took 7-70 us on 2 threads
+        (the second thread's wake-up, and worse when another process holds that core) against 1.6 us
+        on one, and a decode step of Gemma 3 270M runs ~200 of them. Same kernel either way: the
+        results do not depend on the thread count."""
+        small = work is not None and work < SMALL_OP_WORK
+        wanted = 1 if rows >= BLAS_MIN_ROWS or small else self._numba_threads
         # The setting is per calling thread (and others may change it), so it is read back rather than
         # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
         if _numba_threads_now() != wanted:
@@ -125,7 +146,7 @@ class CPUBackend(Backend):
 
     def rms_norm(self, x, weight, eps, out) -> None:
         d = weight.shape[0]
-        self._threads_for(x.shape[0])
+        self._threads_for(x.shape[0], x.size)
         kernels.rms_norm(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
 
     def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0) -> None:
@@ -136,7 +157,7 @@ class CPUBackend(Backend):
             factors = np.asarray(freq_factors, dtype=np.float32) if freq_factors is not None else np.empty(0, np.float32)
             kernels.rope_inv_freqs(n_rot, float(base), float(freq_scale), factors, inv_freq)
             self._inv_freq[key] = inv_freq
-        self._threads_for(x.shape[0])
+        self._threads_for(x.shape[0], x.size)
         kernels.rope(x, positions, inv_freq, bool(neox))
 
     def kv_store(self, cache_k, cache_v, k, v, start) -> None:
@@ -149,8 +170,8 @@ class CPUBackend(Backend):
         if n_tokens >= BLAS_MIN_ROWS:  # prefill: matrix products through BLAS
             self._blas_attention(q, cache_k, cache_v, start, scale, window, out)
             return
-        self._threads_for(n_tokens)
         needed = n_tokens * n_head * (start + n_tokens)
+        self._threads_for(n_tokens, needed * q.shape[2])  # work: scores times head_dim
         if self._scores.size < needed:
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
@@ -203,7 +224,7 @@ class CPUBackend(Backend):
     def gated_act(self, gate, up, out, kind) -> None:
         if kind not in ("silu", "gelu_tanh"):
             raise LocalLLMError(f"unknown activation {kind!r}")
-        self._threads_for(gate.shape[0])
+        self._threads_for(gate.shape[0], gate.size)
         if self._gelu_table is None:
             self._gelu_table = kernels.gelu_table()
         kernels.gated_act(gate, up, out, kind == "gelu_tanh", self._gelu_table)
