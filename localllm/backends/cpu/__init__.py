@@ -69,8 +69,14 @@ def _resolve_numba_threads_reader():
     return numba.get_num_threads
 
 
-# Ops smaller than this many elements run on one thread (see CPUBackend._threads_for).
+# Ops smaller than this many elements, and matrix-vector products over fewer weight bytes, run on one
+# thread (see CPUBackend._threads_for). Gemma 3 270M decode, 2 threads, one process alternating
+# settings: 18.6 ms/token with every matmul parallel, 16.3 with those under 256 KiB serial, 10.6-11.2
+# with those under 1 MiB (all its per-layer matrices but ffn_down) and 10.9 under 4 MiB: the work
+# of a per-layer matrix of that model is not worth waking the second thread for.
 SMALL_OP_WORK = 1 << 16
+SMALL_MATVEC_BYTES = 1 << 20
+SMALL_ATTENTION_WORK = 1 << 18
 
 
 class CPUBackend(Backend):
@@ -110,7 +116,7 @@ class CPUBackend(Backend):
 
     def matmul(self, w: Weight, x, out, bias=None) -> None:
         qt = quant.get(w.qtype)
-        self._threads_for(x.shape[0])
+        self._threads_for(x.shape[0], x.shape[0] * w.data.nbytes, SMALL_MATVEC_BYTES)
         matmul(qt, w.data, x, out, self.scratch)
         if bias is not None:
             out += bias
@@ -125,19 +131,20 @@ class CPUBackend(Backend):
     def embed(self, w: Weight, ids, out) -> None:
         gather_rows_kernel(quant.get(w.qtype))(w.data, ids, out)
 
-    def _threads_for(self, rows: int, work: int | None = None) -> None:
+    def _threads_for(self, rows: int, work: int | None = None, limit: int = 0) -> None:
         """Numba's thread count for an op over `rows` rows. Batches of BLAS_MIN_ROWS rows or more are a
         prefill, whose matrix products run in BLAS on all the backend's threads; BLAS's workers spin
         between calls, and parallel Numba kernels in between fight them for the cores (measured on
         Gemma 3 270M pp512, 2 threads: 272 tok/s with 2-thread kernels, 546 with 1-thread ones).
 
         work: the op's size in elements, for the small ops of a decode step (a norm or activation of one
-        row, attention over a short context): under SMALL_OP_WORK they run on the calling thread alone.
+        row, attention over a short context): under `limit` (default SMALL_OP_WORK) they run on the
+        calling thread alone; a matrix-vector product passes its weight bytes and SMALL_MATVEC_BYTES.
         Waking the pool costs more than such an op: measured, rms_norm of 1x640 took 7-70 us on 2 threads
         (the second thread's wake-up, and worse when another process holds that core) against 1.6 us
         on one, and a decode step of Gemma 3 270M runs ~200 of them. Same kernel either way: the
         results do not depend on the thread count."""
-        small = work is not None and work < SMALL_OP_WORK
+        small = work is not None and work < (limit or SMALL_OP_WORK)
         wanted = 1 if rows >= BLAS_MIN_ROWS or small else self._numba_threads
         # The setting is per calling thread (and others may change it), so it is read back rather than
         # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
@@ -171,7 +178,8 @@ class CPUBackend(Backend):
             self._blas_attention(q, cache_k, cache_v, start, scale, window, out)
             return
         needed = n_tokens * n_head * (start + n_tokens)
-        self._threads_for(n_tokens, needed * q.shape[2])  # work: scores times head_dim
+        # work: scores times head_dim (Gemma 3 270M: one thread up to 256 cached positions)
+        self._threads_for(n_tokens, needed * q.shape[2], SMALL_ATTENTION_WORK)
         if self._scores.size < needed:
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
