@@ -7,8 +7,6 @@ Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf), else the file name without .gguf.
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -139,16 +137,7 @@ def find_local(name: str, directory: Optional[Path] = None) -> Optional[Path]:
 def remove_local(path: Path) -> None:
     """Delete a model file and its entry in the pull index (kept consistent: find_pulled must not
     report a file that is gone; it checks the size, but a stale entry would also keep its name taken)."""
-    from .pull import INDEX_NAME, PARTIAL_DIR, _locked, pulled_records
+    from .pull import forget_pulled
 
-    directory = path.parent
     path.unlink()
-    if path.name not in pulled_records(directory):
-        return
-    with _locked(directory / PARTIAL_DIR / "index.lock", wait=True):  # the lock pull takes to write it
-        index = directory / INDEX_NAME
-        payload = json.loads(index.read_text(encoding="utf-8"))
-        payload["files"].pop(path.name, None)
-        tmp = directory / f"{INDEX_NAME}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(payload, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, index)
+    forget_pulled(path.name, path.parent)

@@ -93,7 +93,7 @@ def registry_choice(name: str):
 
 
 def _remote(name: str) -> Optional[Download]:
-    from .pull import HubRef, parse_hub_ref
+    from .refs import HubRef, parse_hub_ref
 
     choice = registry_choice(name)
     if choice is not None:
@@ -145,7 +145,7 @@ def _looks_like_path(name: str) -> bool:
 
 def not_found_error(name: str) -> ModelNotFound:
     """The error for a name nothing matches: "no such file" for a path, else the closest names."""
-    from .pull import looks_like_bare_repo
+    from .refs import looks_like_bare_repo
 
     if looks_like_bare_repo(name) and not name.lower().endswith(".gguf"):
         return ModelNotFound(f"no such file: {name} (for a Hub model write hf.co/{name} or {name}:QUANT)")
