@@ -11,7 +11,10 @@ the same sdist):
     tar xzf /tmp/llsrc/llama_cpp_python-0.3.36.tar.gz -C /tmp/llsrc
     cd /tmp/llsrc/llama_cpp_python-0.3.36/vendor/llama.cpp
     cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
-    cmake --build build -j2 --target llama-bench llama-cli        # binaries in build/bin/
+    cmake --build build -j2 --target llama-bench llama-completion   # binaries in build/bin/
+
+(`--llama-cli` takes llama-completion: in this llama.cpp revision llama-cli is chat-only, and the
+one-shot `-p PROMPT -n 1 -no-cnv` tool is llama-completion.)
 
 What it measures, per round and thread count, each engine in turn (so drift in machine load hits both):
 - pp512 and tg128 tokens/s (`localllm bench --json` and `llama-bench -o json`, the same keys);
@@ -77,7 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model")
     parser.add_argument("--llama-bench", required=True)
-    parser.add_argument("--llama-cli", default=None, help="for time-to-first-token (optional)")
+    parser.add_argument("--llama-cli", default=None, help="llama-completion, for time-to-first-token (optional)")
     parser.add_argument("-t", "--threads", default="1,2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("-r", "--repetitions", type=int, default=3)
