@@ -154,7 +154,10 @@ def test_chat_streams_a_reply_and_regen_at_temperature_zero_reproduces_it(tmp_pa
         first_text = time.monotonic() - sent
         child.expect_exact(">>> ")  # ... long before the reply ends and the prompt returns
         whole = time.monotonic() - sent
-        assert first_text < whole / 3, (first_text, whole)
+        # Streamed: a good part of the reply's time comes after its first word. (Printed at the end, the
+        # first word and the prompt would arrive together.) Not first_text < whole / 3: the prefill's share
+        # of the time grows on a loaded machine without saying anything about streaming.
+        assert whole - first_text > whole / 3, (first_text, whole)
 
         assert "temperature = 0.0" in ask(child, "/set temperature 0")
         first = ask(child, "/regen")
