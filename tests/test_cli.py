@@ -121,3 +121,43 @@ def test_run_unknown_architecture_exits_1_listing_supported(capsys, tiny_llama, 
         writer.write()
     code, _, err = run_cli(capsys, "run", str(path), "hi", "-n", "1")
     assert code == 1 and "mamba" in err and "gemma3" in err and "llama" in err and err.count("\n") == 1
+
+
+# Every command that takes a model, given one that is unknown, missing, a directory or not a GGUF file:
+# exit 1 and one line naming the problem, before anything is loaded (chat and serve never start).
+MODEL_COMMANDS = [["chat"], ["run", "{model}", "hi"], ["show"], ["tokenize", "{model}", "hi"], ["bench"], ["serve"]]
+BAD_MODELS = {
+    "unknown name": ("no-such-model-xyz", "unknown model"),
+    "missing file": ("{tmp}/missing.gguf", "no such file"),
+    "directory": ("{tmp}", "directory"),
+    "not a GGUF file": ("{tmp}/notes.gguf", "notes.gguf"),
+}
+
+
+def _with_model(command: list[str], model: str) -> list[str]:
+    if "{model}" in command:
+        return [model if part == "{model}" else part for part in command]
+    return [*command, model]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("case", list(BAD_MODELS))
+def test_bad_model_arguments_exit_1_with_one_line(capsys, tmp_path, command, case):
+    (tmp_path / "notes.gguf").write_text("not a model")
+    model, needle = BAD_MODELS[case]
+    code, out, err = run_cli(capsys, *_with_model(command, model.format(tmp=tmp_path)))
+    assert code == 1 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+    assert needle in err
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["chat", "--temperature", "x"], ["chat", "--ctx", "5"], ["bench", "-t", "abc"], ["bench", "-t", "0"],
+        ["bench", "-p", "-3"], ["serve", "--port", "99999"], ["run", "m", "p", "-n", "many"],
+    ],
+    ids=" ".join,
+)
+def test_bad_flag_values_are_usage_errors(capsys, args):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
