@@ -15,6 +15,10 @@ Two decorators:
 
 from __future__ import annotations
 
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -22,6 +26,67 @@ from numba import types
 from numba.extending import intrinsic
 
 numba.config.SLP_VECTORIZE = 1
+
+
+# ----- Numba's on-disk cache, keyed on every kernel source -----
+#
+# Numba keeps a cached kernel while *its own* file is unchanged, but our kernels inline intrinsics and
+# helpers from other files (q8_k.VectorCode, _legacy, jit): after an edit there, a type module's cached
+# vec_dot stayed the old code while freshly compiled drivers used the new one, and a driver then
+# differed from vec_dot in the last bit (measured: IQ4_NL and Q8_K, until the cache was emptied). So
+# for the files of localllm.quant and localllm.backends.cpu the cache's source stamp also carries a
+# hash of all those files: any edit there recompiles every kernel once. (Numba's locator list is not
+# public API; if it moves, this does nothing and the old behaviour stays.)
+
+_KERNEL_DIRS = tuple(
+    str(Path(__file__).resolve().parent / sub) for sub in (".", "../backends/cpu")
+)
+
+
+@lru_cache(maxsize=1)
+def kernel_sources_hash() -> str:
+    digest = hashlib.sha256()
+    for folder in _KERNEL_DIRS:
+        for path in sorted(Path(folder).resolve().glob("*.py")):
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _is_kernel_file(py_file) -> bool:
+    folder = str(Path(py_file).resolve().parent)
+    return any(folder == str(Path(d).resolve()) for d in _KERNEL_DIRS)
+
+
+def _keyed_on_kernel_sources(base):
+    class Locator(base):
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if not _is_kernel_file(py_file):
+                return None
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self):
+            return (super().get_source_stamp(), kernel_sources_hash())
+
+    Locator.__name__ = f"KernelSources{base.__name__}"
+    return Locator
+
+
+def _install_cache_locators() -> None:
+    from numba.core import caching
+
+    impl = getattr(caching, "CacheImpl", None)
+    locators = getattr(impl, "_locator_classes", None)
+    names = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
+    if not isinstance(locators, list) or not all(hasattr(caching, n) for n in names):
+        return
+    if any(getattr(c, "__name__", "").startswith("KernelSources") for c in locators):
+        return
+    locators[:0] = [_keyed_on_kernel_sources(getattr(caching, n)) for n in names]
+
+
+_install_cache_locators()
 
 
 def exact_kernel(fn=None, *, parallel: bool = False):
