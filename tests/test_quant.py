@@ -16,7 +16,7 @@ import pytest
 from conftest import REFERENCE_DIR
 
 from localllm import quant
-from localllm.backends.cpu.drivers import row_drivers
+from localllm.backends.cpu.drivers import has_grid_kernels, row_drivers
 from localllm.backends.cpu.matmul import BatchActivation, matvec_kernel
 from localllm.errors import TensorError
 from localllm.gguf import GGML_TYPES_BY_NAME
@@ -136,24 +136,37 @@ def test_matvec_driver_on_read_only_weights_equals_vec_dot_per_row(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_matvec_drivers_equal_vec_dot_bit_for_bit_whatever_the_grouping(name):
-    # The decode matvec takes weight rows four at a time and the batched one activation rows four at a
-    # time (grid kernels, where a type has them); the server relies on every out[t, r] being exactly
-    # vec_dot(w[r], act[t]). 13 weight rows and 1..9 activation rows exercise the groups and the tails.
+def test_batched_matvec_equals_the_decode_matvec_bit_for_bit_whatever_the_grouping(name):
+    # The server relies on every out[t, r] of the batched driver (activation rows four at a time where
+    # a type has 1x4 kernels, one by one otherwise) being exactly what the decode matvec gives for
+    # activation t alone (weight rows four at a time where a type has 4x1 kernels). 13 weight rows and
+    # 1..9 activation rows exercise the groups and the tails.
     rng = np.random.default_rng(8)
     qt = quant.get(name)
     raw = random_rows(name, 13, 512, rng)
     x = rng.standard_normal((9, 512)).astype(np.float32) * rng.uniform(0.01, 100, (9, 1)).astype(np.float32)
-    acts = [QuantizedActivation(qt.act, 512).quantize(x[t]) for t in range(9)]
-    expected = np.array([[qt.vec_dot(row, *[a.copy() for a in acts[t]]) for row in raw] for t in range(9)], np.float32)
-    out = np.empty(raw.shape[0], dtype=np.float32)
-    matvec_kernel(qt)(raw, out, *acts[3])
-    np.testing.assert_array_equal(bits(out), bits(expected[3]))
+    expected = np.empty((9, raw.shape[0]), dtype=np.float32)
+    for t in range(9):
+        matvec_kernel(qt)(raw, expected[t], *QuantizedActivation(qt.act, 512).quantize(x[t]))
     for n_rows in (1, 4, 6, 9):
         batch = BatchActivation(qt.act, n_rows, 512).quantize(x[:n_rows])
         out = np.empty((n_rows, raw.shape[0]), dtype=np.float32)
         row_drivers(qt).matvec_rows(raw, out, *batch)
         np.testing.assert_array_equal(bits(out), bits(expected[:n_rows]), err_msg=f"{n_rows} rows")
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if has_grid_kernels(quant.get(n))])
+def test_grid_matvec_equals_vec_dot_bit_for_bit(name):
+    # Where the drivers use the grid kernels, their arithmetic is pinned (VectorCode.grid_sum: explicit
+    # FMA, fixed float flags), so they equal the type's own vec_dot exactly, wherever it is compiled.
+    rng = np.random.default_rng(9)
+    qt = quant.get(name)
+    raw = random_rows(name, 13, 512, rng)
+    args = QuantizedActivation(qt.act, 512).quantize(rng.standard_normal(512).astype(np.float32))
+    out = np.empty(raw.shape[0], dtype=np.float32)
+    matvec_kernel(qt)(raw, out, *args)
+    expected = np.array([qt.vec_dot(row, *args) for row in raw], dtype=np.float32)
+    np.testing.assert_array_equal(bits(out), bits(expected))
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
