@@ -32,8 +32,8 @@ numba.config.SLP_VECTORIZE = 1
 #
 # Numba keeps a cached kernel while *its own* file is unchanged, but our kernels inline intrinsics and
 # helpers from other files (q8_k.VectorCode, _legacy, jit): after an edit there, a type module's cached
-# vec_dot stayed the old code while freshly compiled drivers used the new one, and a driver then
-# differed from vec_dot in the last bit (measured: IQ4_NL and Q8_K, until the cache was emptied). So
+# vec_dot stays the old code while freshly compiled drivers (whose file names carry a source hash) use
+# the new one, so the two can disagree (seen during development, until the cache was emptied). So
 # for the files of localllm.quant and localllm.backends.cpu the cache's source stamp also carries a
 # hash of all those files: any edit there recompiles every kernel once. (Numba's locator list is not
 # public API; if it moves, this does nothing and the old behaviour stays.)
