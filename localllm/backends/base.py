@@ -63,6 +63,13 @@ class Backend(ABC):
     def to_host(self, buffer: Any) -> np.ndarray:
         """A host NumPy copy (or view) of a buffer."""
 
+    def begin_step(self, rows: int) -> None:
+        """A forward pass over `rows` activation rows starts (a backend may tune itself per step: the
+        CPU backend picks its decode thread count by measuring steps, see backends/cpu/threads.py)."""
+
+    def end_step(self) -> None:
+        """The forward pass begun by begin_step has returned its logits."""
+
     # -- ops --------------------------------------------------------------------------------------
     @abstractmethod
     def matmul(self, w: Weight, x, out, bias=None) -> None:

@@ -206,6 +206,13 @@ class Decoder:
     def forward(self, tokens: np.ndarray, start: int, cache: KVCache, all_logits: bool = False) -> np.ndarray:
         """Run tokens[T] at positions start..start+T-1; returns logits [T, vocab] or [1, vocab] (last)."""
         n = len(tokens)
+        self.ops.begin_step(n)  # a step that raises is never ended, so never measured
+        logits = self._forward(tokens, start, cache, all_logits)
+        self.ops.end_step()
+        return logits
+
+    def _forward(self, tokens: np.ndarray, start: int, cache: KVCache, all_logits: bool) -> np.ndarray:
+        n = len(tokens)
         b = self.buffers(n)
         if n == 1:
             b.positions[0] = start  # decode: no temporary array
@@ -229,6 +236,12 @@ class Decoder:
 
         layout: a BatchLayout of T rows; logit_rows int32[S]: the rows whose next-token logits are
         wanted (each computed row by row). Returns logits [S, vocab] (a reused buffer)."""
+        self.ops.begin_step(len(layout.tokens))
+        logits = self._forward_batch(cache, layout, logit_rows)
+        self.ops.end_step()
+        return logits
+
+    def _forward_batch(self, cache, layout, logit_rows: np.ndarray) -> np.ndarray:
         from .kv_paged import PagedBatch
 
         n, n_out = len(layout.tokens), len(logit_rows)

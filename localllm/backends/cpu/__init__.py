@@ -13,15 +13,10 @@ from ..base import Backend, Weight
 from . import kernels
 from .attention_blas import BlasAttention
 from .matmul import BLAS_MIN_ROWS, MatmulScratch, gather_rows_kernel, matmul, matmul_rows
+from .threads import DecodeThreads, configure_openmp_waiting
 
-# How idle OpenMP workers wait (Numba's default threading layer here is OpenMP; libgomp reads this once,
-# when Numba's pool first starts, which is after this import). libgomp's default spins a worker for a
-# while before sleeping: ~1.5 us to start a parallel region instead of ~7 us (measured, 2 threads), but
-# on a machine whose cores other processes also want, spinning workers take the cores our own threads
-# need: Gemma 3 270M decode at 2 threads on this project's shared 2-core machine (load average ~5)
-# measured 7-28 tok/s with the default against 70 with PASSIVE. A decode step starts ~130 regions, so
-# on an idle machine PASSIVE costs ~0.8 ms a token (~5%). The user's own setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Bounded spinning for idle OpenMP workers, before Numba starts its pool (see threads.py).
+configure_openmp_waiting()
 
 
 def physical_cores() -> int:
@@ -70,12 +65,14 @@ def _resolve_numba_threads_reader():
 
 
 # Ops smaller than this many elements, and matrix-vector products over fewer weight bytes, run on one
-# thread (see CPUBackend._threads_for). Gemma 3 270M decode, 2 threads, one process alternating
-# settings: 18.6 ms/token with every matmul parallel, 16.3 with those under 256 KiB serial, 10.6-11.2
-# with those under 1 MiB (all its per-layer matrices but ffn_down) and 10.9 under 4 MiB: the work
-# of a per-layer matrix of that model is not worth waking the second thread for.
+# thread (see CPUBackend._threads_for): waking a worker costs more than they take. Gemma 3 270M decode,
+# 2 threads, quiet machine, one process per setting of the OpenMP workers, alternating thresholds
+# (tok/s, two passes): with the workers spinning briefly between regions (GOMP_SPINCOUNT=30000, see
+# threads.py) 94/91 with matrices over 1 MiB on both threads (all its per-layer matrices but
+# ffn_down on one), 108/97 over 256 KiB, 104/100 over 64 KiB; with sleeping workers
+# (OMP_WAIT_POLICY=PASSIVE) the order reverses: 79-87 over 1 MiB, 74-75 over 256 KiB, 66-68 over 64 KiB.
 SMALL_OP_WORK = 1 << 16
-SMALL_MATVEC_BYTES = 1 << 20
+SMALL_MATVEC_BYTES = 1 << 16
 SMALL_ATTENTION_WORK = 1 << 18
 
 
@@ -101,6 +98,15 @@ class CPUBackend(Backend):
         self._blas_attention = BlasAttention()
         self._gelu_table = None
         self._paged_rows = np.empty(0, dtype=np.int32)
+        self._decode = DecodeThreads(self._numba_threads)
+        self._step_threads = self._numba_threads  # the thread count of the decode step in progress
+
+    def begin_step(self, rows: int) -> None:
+        if rows < BLAS_MIN_ROWS:
+            self._step_threads = self._decode.begin(rows)
+
+    def end_step(self) -> None:
+        self._decode.end()
 
     def supports(self, qtype: str) -> bool:
         return quant.is_supported(qtype)
@@ -145,7 +151,7 @@ class CPUBackend(Backend):
         on one, and a decode step of Gemma 3 270M runs ~200 of them. Same kernel either way: the
         results do not depend on the thread count."""
         small = work is not None and work < (limit or SMALL_OP_WORK)
-        wanted = 1 if rows >= BLAS_MIN_ROWS or small else self._numba_threads
+        wanted = 1 if rows >= BLAS_MIN_ROWS or small else self._step_threads
         # The setting is per calling thread (and others may change it), so it is read back rather than
         # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
         if _numba_threads_now() != wanted:

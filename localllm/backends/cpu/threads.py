@@ -1,0 +1,123 @@
+"""How the CPU backend's decode steps use threads.
+
+Two settings work together:
+
+1. How OpenMP's idle workers wait (Numba's threading layer here is OpenMP; libgomp reads the variables
+   once, when Numba's pool first starts, which is after this import). A decode step of Gemma 3 270M
+   starts ~130 parallel regions tens of microseconds apart. A worker that sleeps between them
+   (OMP_WAIT_POLICY=PASSIVE) takes ~7 us to wake each time, so only the largest matrices were worth
+   a second thread; one that spins a while first (GOMP_SPINCOUNT) is there in ~1.5 us, and every
+   per-layer matrix gains from two. Measured on the project's 2-core machine, 2 threads, quiet: 79-87
+   tok/s with PASSIVE (matrices under 1 MiB on one thread), 100-104 spinning with every matrix over
+   64 KiB on both (figures in __init__.py, SMALL_MATVEC_BYTES).
+
+2. Whether a decode step uses the worker at all (DecodeThreads). Spinning has a price on a machine whose
+   cores other processes want: with one busy process beside it, the same 2-thread decode fell to 11-40
+   tok/s (a spinning or descheduled worker holds up every region's barrier), where one thread still
+   makes ~65. So the backend measures: it runs decode steps with all its threads, now and then tries
+   the other setting, keeps a moving average of the step time of each, and uses whichever is
+   faster; each try that confirms the choice doubles the wait before the next (up to EXPLORE_MAX steps).
+   On a quiet machine that is all threads; under load it falls back to one thread within a few steps,
+   and the idle worker stops spinning.
+
+The results do not depend on the thread count (every kernel computes each output the same way on any
+number of threads), so switching never changes a token.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+# Spins before an idle worker sleeps. libgomp's own default (300,000, when the variables are unset) keeps
+# a worker spinning far longer than the gaps inside a decode step need, taking CPU from other
+# processes between steps; 30,000 covered the gaps about as well (100-104 tok/s against 110-112 in the
+# same runs; 3,000 did not: 57-101).
+DEFAULT_SPINCOUNT = "30000"
+
+
+def configure_openmp_waiting() -> None:
+    """Bounded spinning for OpenMP workers, unless the user chose a policy."""
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["GOMP_SPINCOUNT"] = DEFAULT_SPINCOUNT
+
+
+class DecodeThreads:
+    """Chooses the thread count of each decode step: `threads` or 1, whichever measured faster.
+
+    begin(rows) returns the count for a step of `rows` activation rows about to run; end() records its
+    duration. Step times are compared per number of rows (the server's steps vary in size) through
+    exponential moving averages: a step's time grows slowly with the context, and both averages are
+    refreshed every EXPLORE_EVERY steps, so they stay comparable."""
+
+    EXPLORE_EVERY = 16  # steps of a size between two tries of the setting not in use ...
+    EXPLORE_MAX = 256  # ... doubling each time a try confirms the choice, up to this
+    SMOOTHING = 0.3  # weight of the newest step in a moving average
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.current = threads
+        self._sizes: dict[int, _StepStats] = {}  # rows -> its statistics
+        self._running = None  # (stats, setting, start time) of the step in progress
+
+    def best(self, rows: int = 1) -> int:
+        stats = self._sizes.get(rows)
+        return stats.best(self.threads) if stats else self.threads
+
+    def begin(self, rows: int = 1) -> int:
+        if self.threads == 1:
+            return 1
+        stats = self._sizes.get(rows)
+        if stats is None:
+            stats = self._sizes[rows] = _StepStats(self.EXPLORE_EVERY)
+        self.current = stats.next_setting(self.threads, self.EXPLORE_EVERY, self.EXPLORE_MAX)
+        self._running = (stats, self.current, time.perf_counter())
+        return self.current
+
+    def end(self) -> None:
+        if self._running is None:
+            return
+        stats, setting, started = self._running
+        self._running = None
+        stats.record(setting, time.perf_counter() - started, self.SMOOTHING)
+
+
+class _StepStats:
+    """Moving averages of one step size's duration per setting, and when to try the other setting."""
+
+    def __init__(self, interval: int):
+        self.average: dict[int, float] = {}
+        self.steps = 0
+        self.next_try = 3  # the first try of one thread, after two warm steps
+        self.interval = interval
+        self.tried_best = None  # the best setting when the last try was made
+        self.trying = None  # the setting of the step in progress, when it is a try
+
+    def best(self, threads: int) -> int:
+        many, one = self.average.get(threads), self.average.get(1)
+        if many is None or one is None:
+            return threads
+        return threads if many <= one else 1
+
+    def next_setting(self, threads: int, base_interval: int, max_interval: int) -> int:
+        self.steps += 1
+        self.trying = None
+        best = self.best(threads)
+        if self.steps < self.next_try:
+            return best
+        # A try: if the previous one left the choice as it was, wait twice as long for the next.
+        self.interval = min(2 * self.interval, max_interval) if best == self.tried_best else base_interval
+        self.tried_best = best
+        self.next_try = self.steps + self.interval
+        self.trying = 1 if best == threads else threads
+        return self.trying
+
+    def record(self, setting: int, seconds: float, smoothing: float) -> None:
+        """A try's step replaces its setting's average (which is as old as the previous try: the
+        machine may have changed since); the setting in use is smoothed step by step."""
+        previous = self.average.get(setting)
+        tried, self.trying = self.trying == setting, None
+        if previous is None or tried:
+            self.average[setting] = seconds
+        else:
+            self.average[setting] = previous + smoothing * (seconds - previous)
