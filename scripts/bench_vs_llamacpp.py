@@ -72,6 +72,16 @@ def first_token_seconds(cmd, env=None) -> float:
     return wall
 
 
+def blas_kernels() -> str:
+    """Which OpenBLAS kernels localllm's prefill gets. OPENBLAS_CORETYPE pins them (some machines of this
+    project set it to Haswell: AVX2 kernels at about half the AVX-512 ones' speed on a Zen 5 core), so it
+    is printed with every comparison."""
+    code = "import threadpoolctl, numpy; print(threadpoolctl.threadpool_info()[0].get('architecture'))"
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() or "?"
+    pinned = os.environ.get("OPENBLAS_CORETYPE")
+    return f"OpenBLAS {found} kernels" + (f" (OPENBLAS_CORETYPE={pinned} in the environment)" if pinned else "")
+
+
 def summarize(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -89,6 +99,7 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
+    print(f"localllm's BLAS (prefill): {blas_kernels()}", flush=True)
 
     samples: dict = {}  # (engine, test, threads) -> list of tok/s samples
     rss: dict = {"localllm": [], "llama.cpp": []}
