@@ -11,7 +11,10 @@ add), LLVM unrolls the 16-step inner loop and then vectorises the loop over *blo
 is one short sequence of vector operations (q8_k.VectorCode, shared with the K-quants): load the 16 quant
 bytes, split the nibbles into 32 unsigned lanes (plus the fifth bits for Q5), multiply by the 32 int8
 activations with adjacent pairs summed (vpmaddubsw: exact, as quants <= 31 and |a| <= 127 give pair sums
-<= 2*31*127 < 32767), widen the pairs to int32 (vpmaddwd by ones) and sum the lanes.
+<= 2*31*127 < 32767), widen the pairs to int32 (vpmaddwd by ones) and sum the lanes; where the target has
+VNNI the multiply and both sums are one vpdpbusd (VectorCode.dot_quads: the same int32 lanes). With GFNI
+the nibble split is one gf2p8affineqb and with AVX-512 the fifth bits are a mask register and a masked add
+(VectorCode.split_nibbles, add_where_bits).
 """
 
 from __future__ import annotations
@@ -87,24 +90,20 @@ def f16_bytes(values: np.ndarray) -> np.ndarray:
 def _unsigned_block_dot(v: VectorCode, quants, act_type, acts_array, act_index):
     """sum_j quants[j] * acts[act_index + j] over 32 lanes, as an int32 scalar (quants: <32 x i8>, 0..31)."""
     acts = v.load(act_type, acts_array, act_index, BLOCK)
-    pairs = v.dot_pairs(quants, acts)
-    return v.sum(v.scale_pairs(pairs, v.constant(1, 16, 16)))
+    return v.sum(v.dot_quads(quants, acts))
 
 
 def _nibbles(v: VectorCode, array_type, array, index):
     """The 32 4-bit quants packed in array[index : index + 16], in element order, as <32 x i8>."""
-    packed = v.load(array_type, array, index, 16)
-    return v.join(v.and_(packed, 0x0F), v.shr(packed, 4))
+    return v.split_nibbles(array_type, array, index)
 
 
-def _fifth_bits(v: VectorCode, array_type, array, index):
-    """<32 x i8> holding 16 in lane j where bit j of the little-endian uint32 at array[index:] is set."""
-    builder = v.builder
-    qh = v.load(array_type, array, index, 4)
-    spread = v.shuffle(qh, [j // 8 for j in range(BLOCK)])  # lane j holds byte j // 8 ...
-    selected = builder.and_(spread, ir.Constant(spread.type, [1 << (j % 8) for j in range(BLOCK)]))  # ... its bit j % 8
-    is_set = builder.icmp_unsigned("!=", selected, v.constant(0, BLOCK, 8))
-    return builder.select(is_set, v.constant(16, BLOCK, 8), v.constant(0, BLOCK, 8))
+def _with_fifth_bits(v: VectorCode, quants, array_type, array, index):
+    """quants (<32 x i8>, 0..15) plus 16 in lane j where bit j of the little-endian uint32 at array[index:]
+    is set."""
+    data = v._data(array_type, array)
+    pointer = v.builder.bitcast(v.builder.gep(data, [index]), ir.IntType(32).as_pointer())
+    return v.add_where_bits(quants, v.builder.load(pointer, align=1), 16)
 
 
 @intrinsic
@@ -131,7 +130,7 @@ def q5_block_dot(typingctx, w, qh, qs, aqs, a):
         w_, qh_, qs_, aqs_, a_ = args
         v = VectorCode(context, builder)
         low = _nibbles(v, signature.args[0], w_, qs_)
-        quants = v.or_(low, _fifth_bits(v, signature.args[0], w_, qh_))
+        quants = _with_fifth_bits(v, low, signature.args[0], w_, qh_)
         return _unsigned_block_dot(v, quants, signature.args[3], aqs_, a_)
 
     return sig, codegen
@@ -151,7 +150,7 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
     qh_offset (five-bit types) and a float16 minimum m at min_offset (types with a minimum). Its weights
     are d * (q - zero) [+ m]; against the activation the block contributes
         d * ad[b] * (sum_j q_j * a_j - zero * asum[b])  [+ m * ad[b] * asum[b]].
-    The integer sum stays in eight int32 lanes (the zero correction subtracted from lane 0), is converted
+    The integer sum stays in eight int32 lanes (lane 0 starts from the zero correction), is converted
     and scaled as a vector and added to float accumulators (VectorCode.row_sum / grid_sum): no
     horizontal sum per block, which is what held these types to 7 GB/s.
     """
@@ -163,14 +162,13 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
         if prefetch is not None:  # the row pointer to prefetch PREFETCH_BYTES past block b of
             v.prefetch(None, prefetch, base, PREFETCH_BYTES)
         if qh_offset is not None:
-            quants = v.or_(quants, _fifth_bits(v, None, w, v.offset(base, qh_offset)))
+            quants = _with_fifth_bits(v, quants, None, w, v.offset(base, qh_offset))
         acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
-        ints = v.scale_pairs(v.dot_pairs(quants, acts), v.constant(1, 16, 16))
         act_scale = v.load_scalar(None, ad, b)
         act_sum = v.resize(v.load_scalar(None, asum, b), 32)
-        if zero:
-            correction = builder.mul(act_sum, ir.Constant(act_sum.type, zero))
-            ints = builder.sub(ints, _first_lane(v, correction, 8))
+        # The zero correction starts lane 0's sum (with VNNI, vpdpbusd's accumulator: no extra op).
+        start = _first_lane(v, builder.mul(act_sum, ir.Constant(act_sum.type, -zero)), 8) if zero else None
+        ints = v.dot_quads(quants, acts, start)
         scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
         if min_offset is None:
             return ints, scale, None
@@ -230,7 +228,7 @@ def _block_dequantizer(five_bits: bool, with_min: bool):
             v = VectorCode(context, builder)
             quants = _nibbles(v, signature.args[0], src_, qs_)
             if five_bits:
-                quants = v.or_(quants, _fifth_bits(v, signature.args[0], src_, qh_))
+                quants = _with_fifth_bits(v, quants, signature.args[0], src_, qh_)
             zero32 = context.cast(builder, zero_, signature.args[3], types.int32)
             values = builder.sub(v.widen(quants, 32, signed=False), _splat(builder, zero32, BLOCK))
             floats = builder.sitofp(values, ir.VectorType(ir.FloatType(), BLOCK))

@@ -66,7 +66,7 @@ def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
     if prefetch is not None:
         v.prefetch(None, prefetch, base, PREFETCH_BYTES)
     acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
-    ints = v.scale_pairs(v.dot_pairs_signed(quants, acts), v.constant(1, 16, 16))
+    ints = v.dot_quads_signed(quants, acts)
     scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
     return ints, scale
 

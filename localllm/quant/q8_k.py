@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
+from llvmlite import binding as llvm_binding
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -112,14 +113,40 @@ def nearest_int(value):
 # short rows. Measured on the Q8_0 matvec over a matrix far larger than the caches: +5-10%.
 PREFETCH_BYTES = 1024
 
-VECTOR_ISA = "auto"  # "auto": AVX2 where the target has it; "generic": portable IR only
+# "auto": the best of the paths below that the target has; "avx2": AVX2 only (no VNNI, no AVX-512
+# masks), "generic": portable IR only. The tests compile every path and compare the integer results.
+VECTOR_ISA = "auto"
+VECTOR_ISAS = ("auto", "avx2", "generic")
+
+
+def ll_version_major() -> int:
+    return llvm_binding.llvm_version_info[0]
+
+
+def _target_features(context) -> set:
+    return set((getattr(context.codegen(), "_tm_features", "") or "").split(","))
 
 
 def _target_has_avx2(context) -> bool:
-    if VECTOR_ISA == "generic":
+    return VECTOR_ISA != "generic" and "+avx2" in _target_features(context)
+
+
+def _target_has_vnni(context) -> bool:
+    """vpdpbusd on 256-bit vectors: AVX-VNNI, or AVX-512 VNNI with VL."""
+    if VECTOR_ISA != "auto":
         return False
-    features = getattr(context.codegen(), "_tm_features", "") or ""
-    return "+avx2" in features.split(",")
+    features = _target_features(context)
+    return "+avx2" in features and ("+avxvnni" in features or {"+avx512vnni", "+avx512vl"} <= features)
+
+
+def _target_has_gfni(context) -> bool:
+    """gf2p8affineqb on 256-bit vectors (GFNI with AVX)."""
+    return VECTOR_ISA == "auto" and {"+gfni", "+avx2"} <= _target_features(context)
+
+
+def _target_has_avx512_masks(context) -> bool:
+    """Byte-lane masks (k registers) for 256-bit vectors: AVX-512 BW with VL."""
+    return VECTOR_ISA == "auto" and {"+avx512bw", "+avx512vl"} <= _target_features(context)
 
 
 class VectorCode:
@@ -129,6 +156,9 @@ class VectorCode:
         self.context = context
         self.builder = builder
         self.avx2 = _target_has_avx2(context)
+        self.vnni = _target_has_vnni(context)
+        self.avx512_masks = _target_has_avx512_masks(context)
+        self.gfni = _target_has_gfni(context)
 
     # -- construction --
 
@@ -265,6 +295,39 @@ class VectorCode:
             return self._x86("llvm.x86.avx2.pmadd.ub.sw", [magnitude, signed], self.vector_type(16, 16))
         return self._pairwise_add(self.builder.mul(self.widen(x, 16), self.widen(y, 16)))
 
+    def split_nibbles(self, array_type, array, index):
+        """The 16 bytes at array[index:] as <32 x i8>: their low nibbles, then their high nibbles.
+
+        With GFNI: the 16 bytes loaded into both halves of the vector (a broadcast load) and one
+        gf2p8affineqb, whose bit matrix is per 64-bit lane: "keep bits 0-3" in the low half, "bits 4-7
+        down to 0-3" in the high half. Elsewhere an and, a shift and a join. Same bytes either way."""
+        packed = self.load(array_type, array, index, 16)
+        if not self.gfni:
+            return self.join(self.and_(packed, 0x0F), self.shr(packed, 4))
+        both = self.shuffle(packed, list(range(16)) * 2)
+        # Result bit i = parity(matrix byte 7-i AND x): byte 7-i of "low" selects bit i, of "high" bit i+4.
+        low = [0, 0, 0, 0, 0x08, 0x04, 0x02, 0x01]
+        high = [0, 0, 0, 0, 0x80, 0x40, 0x20, 0x10]
+        matrix = ir.Constant(both.type, low * 2 + high * 2)
+        return self._x86("llvm.x86.vgf2p8affineqb.256", [both, matrix, ir.Constant(ir.IntType(8), 0)], both.type)
+
+    def add_where_bits(self, vec, bits, value: int):
+        """vec (<32 x i8>) with `value` added in lane j where bit j of the i32 `bits` is set (wrapping).
+
+        With AVX-512 the bits become a mask register directly (kmovd) and the add is a masked vpaddb;
+        elsewhere each lane's byte is picked out (shuffle), tested (and, compare) and selected."""
+        builder = self.builder
+        lanes = vec.type.count
+        added = builder.add(vec, self.constant(value, lanes, 8))
+        if self.avx512_masks:
+            mask = builder.bitcast(bits, ir.VectorType(ir.IntType(1), lanes))
+            return builder.select(mask, added, vec)
+        as_bytes = builder.bitcast(bits, self.vector_type(4, 8))
+        spread = self.shuffle(as_bytes, [j // 8 for j in range(lanes)])  # lane j holds byte j // 8 ...
+        selected = builder.and_(spread, ir.Constant(spread.type, [1 << (j % 8) for j in range(lanes)]))  # ... bit j % 8
+        is_set = builder.icmp_unsigned("!=", selected, self.constant(0, lanes, 8))
+        return builder.select(is_set, added, vec)
+
     def lookup16(self, table, indices):
         """table[indices] per lane: a constant table of 16 int8 values, <32 x i8> indices in 0..15."""
         if self.avx2:  # vpshufb looks up within each 128-bit half, so the table goes in both halves
@@ -281,6 +344,38 @@ class VectorCode:
         if self.avx2:
             return self._x86("llvm.x86.avx2.pmadd.wd", [pairs, scales], self.vector_type(8, 32))
         return self._pairwise_add(self.builder.mul(self.widen(pairs, 32), self.widen(scales, 32)))
+
+    # -- four products at a time: <32 x i8> x <32 x i8> -> <8 x i32>, lane i the sum of the products of
+    # bytes 4i..4i+3 (plus lane i of `start`, if given) --
+    #
+    # Where the target has VNNI this is one vpdpbusd (u8 x s8 products, summed in int32 without
+    # saturation); elsewhere scale_pairs(dot_pairs(...), ones), whose lanes are the same sums. Both are
+    # exact in the ranges dot_pairs is (unsigned quants <= 127), so every lane is the same integer.
+
+    def _vpdpbusd(self, start, unsigned_bytes, signed_bytes):
+        if start is None:
+            start = self.constant(0, 8, 32)
+        if ll_version_major() >= 22:  # LLVM 22 takes the bytes as <32 x i8>; older ones as <8 x i32>
+            args = [start, unsigned_bytes, signed_bytes]
+        else:
+            args = [start, self.bitcast(unsigned_bytes, 8, 32), self.bitcast(signed_bytes, 8, 32)]
+        return self._x86("llvm.x86.avx512.vpdpbusd.256", args, self.vector_type(8, 32))
+
+    def dot_quads(self, unsigned_bytes, signed_bytes, start=None):
+        """<32 x i8> (as unsigned, <= 127) * <32 x i8> (signed) -> <8 x i32> (+ start)."""
+        if self.vnni:
+            return self._vpdpbusd(start, unsigned_bytes, signed_bytes)
+        sums = self.scale_pairs(self.dot_pairs(unsigned_bytes, signed_bytes), self.constant(1, 16, 16))
+        return sums if start is None else self.builder.add(start, sums)
+
+    def dot_quads_signed(self, x, y, start=None):
+        """<32 x i8> * <32 x i8>, both signed -> <8 x i32> (+ start); the ranges of dot_pairs_signed."""
+        if self.vnni:
+            magnitude = self._x86("llvm.abs.v32i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+            signed = self._x86("llvm.x86.avx2.psign.b", [y, x], y.type)
+            return self._vpdpbusd(start, magnitude, signed)
+        sums = self.scale_pairs(self.dot_pairs_signed(x, y), self.constant(1, 16, 16))
+        return sums if start is None else self.builder.add(start, sums)
 
 
     # -- whole rows: float accumulation across blocks, as llama.cpp's AVX2 kernels do --

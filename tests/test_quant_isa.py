@@ -1,0 +1,94 @@
+"""The instruction-set paths of q8_k.VectorCode give the same numbers, bit for bit.
+
+VectorCode emits, per compile target, VNNI (vpdpbusd), GFNI (nibble split) and AVX-512 mask code where
+the target has them ("auto"), plain AVX2 ("avx2"), or portable vector IR ("generic"). Each path computes
+the same integer lanes, and the float code around them is the same IR, so every kernel must give the
+same bits on every path. Uncached copies of the kernels are compiled with each path forced and compared
+on random blocks (extreme bytes included: -128 in Q8_0 quants, every fifth-bit pattern).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from test_quant import bits, random_rows
+
+from localllm import quant
+from localllm.backends.cpu.drivers import drivers, has_grid_kernels
+from localllm.backends.cpu.matmul import BatchActivation
+from localllm.quant import q8_k
+from localllm.quant.activation import QuantizedActivation
+
+TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+N = 512
+
+
+def _run_under(isa, fn, *args):
+    """Call fn(*args) with VECTOR_ISA = isa, so that its first call compiles that path."""
+    saved = q8_k.VECTOR_ISA
+    q8_k.VECTOR_ISA = isa
+    try:
+        return fn(*args)
+    finally:
+        q8_k.VECTOR_ISA = saved
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_vec_dot_and_dequantize_equal_on_every_isa(name):
+    rng = np.random.default_rng(21)
+    qt = quant.get(name)
+    raw = random_rows(name, 6, N, rng)
+    act = QuantizedActivation(qt.act, N)
+    acts = [tuple(a.copy() for a in act.quantize(rng.standard_normal(N).astype(np.float32) * 3)) for _ in range(3)]
+    results = {}
+    for isa in q8_k.VECTOR_ISAS:
+        dot = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
+        deq = numba.njit(error_model="numpy")(qt.dequantize_row.py_func)
+        out = np.empty((raw.shape[0], N), dtype=np.float32)
+        dots = np.array(
+            [_run_under(isa, dot, row, *a) for a in acts for row in raw], dtype=np.float32
+        )
+        for r, row in enumerate(raw):
+            _run_under(isa, deq, row, out[r])
+        results[isa] = (bits(dots), bits(out))
+    for isa in q8_k.VECTOR_ISAS[1:]:
+        np.testing.assert_array_equal(results[isa][0], results["auto"][0], err_msg=f"vec_dot, {isa} vs auto")
+        np.testing.assert_array_equal(results[isa][1], results["auto"][1], err_msg=f"dequantize_row, {isa} vs auto")
+
+
+@pytest.mark.parametrize("name", [n for n in TYPES if has_grid_kernels(quant.get(n))])
+def test_grid_drivers_equal_on_every_isa(name):
+    rng = np.random.default_rng(22)
+    qt = quant.get(name)
+    raw = random_rows(name, 13, N, rng)
+    act = QuantizedActivation(qt.act, N).quantize(rng.standard_normal(N).astype(np.float32))
+    batch = BatchActivation(qt.act, 6, N).quantize(rng.standard_normal((6, N)).astype(np.float32))
+    module = drivers(qt)
+    results = {}
+    for isa in q8_k.VECTOR_ISAS:
+        matvec = numba.njit(fastmath=True)(module.matvec.py_func)
+        matvec_rows = numba.njit(fastmath=True)(module.matvec_rows.py_func)
+        one = np.empty(raw.shape[0], dtype=np.float32)
+        many = np.empty((6, raw.shape[0]), dtype=np.float32)
+        _run_under(isa, matvec, raw, one, *act)
+        _run_under(isa, matvec_rows, raw, many, *batch)
+        results[isa] = (bits(one), bits(many))
+    for isa in q8_k.VECTOR_ISAS[1:]:
+        np.testing.assert_array_equal(results[isa][0], results["auto"][0], err_msg=f"matvec, {isa} vs auto")
+        np.testing.assert_array_equal(results[isa][1], results["auto"][1], err_msg=f"matvec_rows, {isa} vs auto")
+
+
+def test_auto_uses_the_instructions_the_host_has():
+    features = set(numba.core.registry.cpu_target.target_context.codegen()._tm_features.split(","))
+    qt = quant.get("Q5_0")
+    dot = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
+    raw = random_rows("Q5_0", 1, N, np.random.default_rng(23))
+    dot(raw[0], *QuantizedActivation("q8_0", N).quantize(np.ones(N, dtype=np.float32)))
+    asm = dot.inspect_asm(dot.signatures[0])
+    if "+avxvnni" in features or {"+avx512vnni", "+avx512vl"} <= features:
+        assert "vpdpbusd" in asm
+    if "+gfni" in features:
+        assert "vgf2p8affineqb" in asm
+    if {"+avx512bw", "+avx512vl"} <= features:
+        assert "kmovd" in asm
