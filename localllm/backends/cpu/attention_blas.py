@@ -1,18 +1,33 @@
-"""Prefill attention through BLAS: per KV head, scores = Q K^T as one matrix product, masked (causal and
-sliding window), softmaxed, then times V. O(T x n_keys) work like the Numba kernel, but in GEMMs, which
-is what a batch of hundreds of queries needs; decode (a few queries) stays on the Numba kernel."""
+"""Prefill attention through BLAS: per KV head, the queries in blocks of BLOCK positions; each block's
+scores Q K^T as one matrix product against only the keys that block can see (causal: up to its last
+position; sliding window: from its first position's first key), softmaxed in one Numba pass
+(kernels.masked_softmax_rows: scale, mask, max, exp, sum, normalise), then times V. At T = 512 from an
+empty cache that is ~0.6 of the full T x T products. Decode (a few queries) stays on the Numba kernel.
+
+The exp is kernels._exp_nonpositive (Numba has no vectorised exp without SVML), within an ulp of the
+true value but not always NumPy's last bit; results match a float64 reference to ~1e-6 relative."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import kernels
+
+# Query positions per block. Smaller blocks skip more of the masked triangle but make smaller matrix
+# products. Gemma 3 270M's 18 layers at T = 512 (4 heads, 1 KV head, D 256), one BLAS thread, CPU time,
+# medians of 15 alternating: 193 ms before blocking, 98 with blocks of 32, 100 of 64, 109 of 128, 128
+# of 256. 64 rather than 32: the same here, and twice the rows per product for a second BLAS thread.
+BLOCK = 64
+
 
 class BlasAttention:
     """Reusable scratch for the scores and the float32 copies of one head's keys and values."""
 
-    def __init__(self):
+    def __init__(self, block: int = BLOCK):
+        self.block = block
         self._scores = np.empty(0, dtype=np.float32)
         self._kv = np.empty(0, dtype=np.float32)
+        self._out = np.empty(0, dtype=np.float32)
 
     def _buffer(self, name: str, size: int) -> np.ndarray:
         buf = getattr(self, name)
@@ -28,22 +43,35 @@ class BlasAttention:
         n_kv = cache_k.shape[1]
         group = n_head // n_kv
         n_keys = start + n_tokens
-        positions = np.arange(start, n_keys)[:, None]
-        keys = np.arange(n_keys)[None, :]
-        allowed = keys <= positions
-        if window > 0:
-            allowed &= keys > positions - window
-        bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)  # [T, n_keys]
-        kv = self._buffer("_kv", 2 * n_keys * head_dim).reshape(2, n_keys, head_dim)
-        scores = self._buffer("_scores", n_tokens * group * n_keys).reshape(n_tokens, group, n_keys)
+        window = int(window)
+        # the first key any query sees: only keys from there on are converted to float32
+        lo = max(0, start - window + 1) if window > 0 else 0
+        block = self.block
+        kv = self._buffer("_kv", 2 * (n_keys - lo) * head_dim).reshape(2, n_keys - lo, head_dim)
+        max_rows = min(block, n_tokens) * group
+        max_cols = min(n_keys - lo, min(block, n_tokens) + (window - 1 if window > 0 else n_keys))
+        scores = self._buffer("_scores", max_rows * max_cols)
+        direct = n_kv == 1 and out.flags.c_contiguous  # out[t0:t1] is then the block's [rows, D] output
+        staged = None if direct else self._buffer("_out", max_rows * head_dim)
+        scale = np.float32(scale)
+        k_bits, v_bits = cache_k.view(np.uint16), cache_v.view(np.uint16)
         for g in range(n_kv):
-            kv[0] = cache_k[:n_keys, g]  # float16 -> float32, exact
-            kv[1] = cache_v[:n_keys, g]
+            kernels.f16_head_to_f32(k_bits, g, lo, kv[0])  # float16 -> float32, exact
+            kernels.f16_head_to_f32(v_bits, g, lo, kv[1])
             heads = slice(g * group, (g + 1) * group)
-            np.matmul(q[:, heads].reshape(n_tokens * group, head_dim), kv[0].T, out=scores.reshape(n_tokens * group, n_keys))
-            scores *= np.float32(scale)
-            scores += bias[:, None, :]
-            scores -= scores.max(axis=-1, keepdims=True)
-            np.exp(scores, out=scores)
-            scores /= scores.sum(axis=-1, keepdims=True)
-            out[:, heads] = np.matmul(scores.reshape(n_tokens * group, n_keys), kv[1]).reshape(n_tokens, group, head_dim)
+            for t0 in range(0, n_tokens, block):
+                t1 = min(t0 + block, n_tokens)
+                rows = (t1 - t0) * group
+                first_pos = start + t0
+                k0 = max(lo, first_pos - window + 1) if window > 0 else 0  # keys [k0, k1) cover the block
+                k1 = start + t1
+                s = scores[: rows * (k1 - k0)].reshape(rows, k1 - k0)
+                qb = q[t0:t1, heads].reshape(rows, head_dim)  # a view when n_kv == 1
+                np.matmul(qb, kv[0, k0 - lo : k1 - lo].T, out=s)
+                kernels.masked_softmax_rows(s, first_pos, group, k0, scale, window)
+                if direct:
+                    np.matmul(s, kv[1, k0 - lo : k1 - lo], out=out[t0:t1].reshape(rows, head_dim))
+                else:
+                    o = staged[: rows * head_dim].reshape(rows, head_dim)
+                    np.matmul(s, kv[1, k0 - lo : k1 - lo], out=o)
+                    out[t0:t1, heads] = o.reshape(t1 - t0, group, head_dim)

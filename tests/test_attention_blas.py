@@ -1,0 +1,117 @@
+"""Prefill attention through BLAS (query blocks against the keys they see, one fused softmax pass)
+against a float64 NumPy reference and the decode kernel, on random inputs."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+
+from localllm.backends.cpu import kernels
+from localllm.backends.cpu.attention_blas import BlasAttention
+
+
+def reference(q, cache_k, cache_v, start, scale, window):
+    """float64 softmax(scale q.k) v over the keys each query position sees."""
+    n_tokens, n_head, head_dim = q.shape
+    group = n_head // cache_k.shape[1]
+    keys, values = cache_k.astype(np.float64), cache_v.astype(np.float64)
+    out = np.zeros((n_tokens, n_head, head_dim))
+    for t in range(n_tokens):
+        pos = start + t
+        first = max(0, pos - window + 1) if window > 0 else 0
+        for h in range(n_head):
+            s = keys[first : pos + 1, h // group] @ q[t, h].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ values[first : pos + 1, h // group]
+    return out
+
+
+def random_case(seed, n_tokens, n_head, n_kv, head_dim, start):
+    rng = np.random.default_rng(seed)
+    q = (2 * rng.standard_normal((n_tokens, n_head, head_dim))).astype(np.float32)
+    n_ctx = start + n_tokens + 7  # positions past the chunk hold garbage the op must not read
+    cache_k = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16)
+    cache_v = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16)
+    cache_k[start + n_tokens :] = np.float16(1e4)
+    cache_v[start + n_tokens :] = np.float16(np.nan)
+    return q, cache_k, cache_v
+
+
+CASES = [  # n_tokens, n_head, n_kv, head_dim, start, window
+    (200, 4, 1, 32, 0, 0),  # causal from an empty cache, several blocks
+    (200, 4, 1, 32, 0, 50),  # sliding window narrower than a block
+    (150, 8, 2, 16, 37, 0),  # GQA groups of 4, a chunk after cached positions
+    (150, 8, 2, 16, 37, 100),  # ... with a window reaching back into the cache
+    (70, 6, 3, 8, 300, 64),  # window shorter than the cached prefix: the oldest keys are never read
+    (9, 4, 4, 8, 3, 2),  # group 1, tiny
+    (64, 2, 1, 8, 0, 1),  # window 1: each query sees only itself
+    (130, 4, 1, 256, 0, 512),  # Gemma 3 270M's shape
+]
+
+
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("case", CASES)
+def test_blas_attention_matches_float64_reference(case, block):
+    n_tokens, n_head, n_kv, head_dim, start, window = case
+    q, cache_k, cache_v = random_case(sum(case) + block, n_tokens, n_head, n_kv, head_dim, start)
+    out = np.full(q.shape, np.nan, np.float32)
+    BlasAttention(block)(q, cache_k, cache_v, start, 0.3, window, out)
+    expected = reference(q, cache_k, cache_v, start, 0.3, window)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_blas_attention_matches_decode_kernel(case):
+    n_tokens, n_head, n_kv, head_dim, start, window = case
+    q, cache_k, cache_v = random_case(sum(case), n_tokens, n_head, n_kv, head_dim, start)
+    out = np.zeros(q.shape, np.float32)
+    BlasAttention()(q, cache_k, cache_v, start, 0.3, window, out)
+    expected = np.zeros(q.shape, np.float32)
+    scores = np.empty((n_tokens * n_head, start + n_tokens), np.float32)
+    kernels.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(0.3), window, expected, scores)
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
+
+
+def test_blas_attention_independent_of_thread_count():
+    q, cache_k, cache_v = random_case(5, 150, 8, 2, 16, 37)
+    before = numba.get_num_threads()
+    results = []
+    try:
+        for threads in {1, numba.config.NUMBA_NUM_THREADS}:
+            numba.set_num_threads(threads)
+            out = np.zeros(q.shape, np.float32)
+            BlasAttention(32)(q, cache_k, cache_v, 37, 0.3, 60, out)
+            results.append(out)
+    finally:
+        numba.set_num_threads(before)
+    for out in results[1:]:
+        np.testing.assert_array_equal(out, results[0])
+
+
+@numba.njit(fastmath=True)  # not cached: a cached caller here would keep an old copy of the kernel
+def _exp_all(x, out):
+    for i in range(x.shape[0]):
+        out[i] = kernels._exp_nonpositive(x[i])
+
+
+def test_exp_nonpositive_within_two_ulp():
+    x = -np.random.default_rng(0).random(200_000).astype(np.float32) * 87
+    x[:4] = [0.0, -1e-30, -0.5 * np.log(2), -86.9]
+    out = np.empty_like(x)
+    _exp_all(x, out)
+    exact = np.exp(x.astype(np.float64))
+    ulps = np.abs(out - exact) / np.spacing(exact.astype(np.float32))
+    assert ulps.max() <= 2.0  # measured 1.15 (NumPy's own float32 exp: 2.4)
+    assert out[0] == 1.0
+    tail = np.array([-87.0, -100.0, -np.inf], np.float32)  # clamped: tiny, positive, finite
+    _exp_all(tail, out[:3])
+    assert np.all(out[:3] == out[0:1]) and 0 < out[0] < 1e-37
+
+
+def test_f16_head_to_f32_is_exact():
+    bits = np.random.default_rng(1).integers(0, 1 << 16, size=(40, 3, 24), dtype=np.uint16)
+    bits[bits & 0x7C00 == 0x7C00] = 0  # no infinities or NaNs: those compare unequal
+    out = np.empty((30, 24), np.float32)
+    kernels.f16_head_to_f32(bits, 2, 5, out)
+    np.testing.assert_array_equal(out, bits[5:35, 2].view(np.float16).astype(np.float32))
