@@ -228,4 +228,6 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
     except BaseException:
         reader.close()
         raise
+    if ops.name == "cpu":  # the CPU backend computes on the mapping itself
+        reader.read_ahead()
     return Model(path, reader, decoder, tokenizer, ops, memory)

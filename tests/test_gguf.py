@@ -344,3 +344,19 @@ def test_written_files_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_read_ahead_only_for_files_well_under_available_memory(gemma_path, monkeypatch):
+    from localllm.gguf import reader as reader_module
+
+    reader = GGUFReader(gemma_path)
+    try:
+        monkeypatch.setattr(reader_module, "_available_memory", lambda: 4 * reader.file_size)
+        assert reader.read_ahead()
+        monkeypatch.setattr(reader_module, "_available_memory", lambda: reader.file_size)  # would take half
+        assert not reader.read_ahead()
+        monkeypatch.setattr(reader_module, "_available_memory", lambda: 0)  # unknown
+        assert not reader.read_ahead()
+    finally:
+        reader.close()
+    assert reader_module._available_memory() > 0  # /proc/meminfo is read on Linux
