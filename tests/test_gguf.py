@@ -349,6 +349,7 @@ def test_written_files_follow_the_umask(tmp_path):
 def test_read_ahead_only_for_files_well_under_available_memory(gemma_path, monkeypatch):
     from localllm.gguf import reader as reader_module
 
+    assert reader_module._available_memory() > 0  # /proc/meminfo is read on Linux
     reader = GGUFReader(gemma_path)
     try:
         monkeypatch.setattr(reader_module, "_available_memory", lambda: 4 * reader.file_size)
@@ -359,4 +360,3 @@ def test_read_ahead_only_for_files_well_under_available_memory(gemma_path, monke
         assert not reader.read_ahead()
     finally:
         reader.close()
-    assert reader_module._available_memory() > 0  # /proc/meminfo is read on Linux
