@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .q8_k import PREFETCH_BYTES, VectorCode, grid_dot_intrinsic
+from .q8_k import VectorCode, grid_dot_intrinsic, pair_grid_dot_intrinsic
 
 BLOCK = 32
 
@@ -160,7 +160,7 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
         base = builder.mul(b, ir.Constant(b.type, block_bytes))
         quants = _nibbles(v, None, w, v.offset(base, qs_offset))
         if prefetch is not None:  # the row pointer to prefetch PREFETCH_BYTES past block b of
-            v.prefetch(None, prefetch, base, PREFETCH_BYTES)
+            v.prefetch(None, prefetch, base)
         if qh_offset is not None:
             quants = _with_fifth_bits(v, quants, None, w, v.offset(base, qh_offset))
         acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
@@ -179,6 +179,34 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
         return ints, scale, extra
 
     return block_terms
+
+
+def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
+    """pair_terms(v, w, pq, pd, ps, b, half, prefetch) for a zero-point type (Q4_0, Q5_0): block_terms
+    against an activation pair (q8_k.pair_activations, whose ps holds each row's zero correction in the
+    lane block_terms starts it in), both rows in 512-bit vectors for half None, else row half."""
+
+    def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch):
+        builder = v.builder
+        base = builder.mul(b, ir.Constant(b.type, block_bytes))
+        quants = _nibbles(v, None, w, v.offset(base, qs_offset))
+        if prefetch is not None:
+            v.prefetch(None, prefetch, base)
+        if qh_offset is not None:
+            quants = _with_fifth_bits(v, quants, None, w, v.offset(base, qh_offset))
+        at64 = builder.mul(b, ir.Constant(b.type, 2 * BLOCK))
+        at16 = builder.mul(b, ir.Constant(b.type, 16))
+        if half is None:
+            acts = v.load(None, pq, at64, 2 * BLOCK)
+            ints = v.dot_quads(v.join(quants, quants), acts, v.load(None, ps, at16, 16))
+            act_scales = v.load(None, pd, at16, 16)
+            return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), act_scales, flags=v.PINNED)
+        acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
+        ints = v.dot_quads(quants, acts, v.load(None, ps, v.offset(at16, 8 * half), 8))
+        act_scale = v.load_scalar(None, pd, v.offset(at16, 8 * half))
+        return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
+
+    return pair_terms
 
 
 def row_dot_kernel(block_terms):

@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
-from .q8_k import PREFETCH_BYTES, VectorCode, as_blocks, as_float_blocks, grid_dot_intrinsic
+from .q8_k import VectorCode, as_blocks, as_float_blocks, grid_dot_intrinsic, pair_grid_dot_intrinsic
 
 BLOCK = 32
 BLOCK_BYTES = 34
@@ -64,7 +64,7 @@ def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
     base = builder.mul(b, ir.Constant(b.type, BLOCK_BYTES))
     quants = v.load(None, w, v.offset(base, 2), BLOCK)
     if prefetch is not None:
-        v.prefetch(None, prefetch, base, PREFETCH_BYTES)
+        v.prefetch(None, prefetch, base)
     acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
     ints = v.dot_quads_signed(quants, acts)
     scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
@@ -86,10 +86,34 @@ def row_dot(typingctx, w, aqs, ad, n_blocks):
     return sig, codegen
 
 
+def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch):
+    """block_terms against an activation pair (q8_k.pair_activations; ps unused): both rows in 512-bit
+    vectors for half None (the sign applied by a masked negation: AVX-512 has no vpsignb), else row half."""
+    builder = v.builder
+    base = builder.mul(b, ir.Constant(b.type, BLOCK_BYTES))
+    quants = v.load(None, w, v.offset(base, 2), BLOCK)
+    if prefetch is not None:
+        v.prefetch(None, prefetch, base)
+    if half is None:
+        acts = v.load(None, pq, builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), 2 * BLOCK)
+        ints = v.dot_quads_signed_wide(v.join(quants, quants), acts)
+        act_scales = v.load(None, pd, builder.mul(b, ir.Constant(b.type, 16)), 16)
+        return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), act_scales, flags=v.PINNED)
+    acts = v.load(None, pq, v.offset(builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), BLOCK * half), BLOCK)
+    ints = v.dot_quads_signed(quants, acts)
+    act_scale = v.load_scalar(None, pd, v.offset(builder.mul(b, ir.Constant(b.type, 16)), 8 * half))
+    return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
+
+
+ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (q8_k.pair_activations)
+
 # Several dot products at once (VectorCode.grid_sum), each equal to vec_dot's: four weight rows against
 # one activation (the decode matvec), one weight row against four activation rows (batched decode).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
+# Batched decode on activation pairs (q8_k.pair_activations): one weight row against 8 or 4 rows.
+dot_pairs_1x8 = pair_grid_dot_intrinsic(pair_terms, 4)
+dot_pairs_1x4 = pair_grid_dot_intrinsic(pair_terms, 2)
 
 
 @fast_kernel

@@ -109,9 +109,12 @@ def nearest_int(value):
 # Numba's cache keys compiled code on the CPU name and features, so a cached kernel is never reused on a
 # machine with a different instruction set.
 
-# How far ahead of the block being read a row kernel asks for the weights (VectorCode.prefetch): a few
-# short rows. Measured on the Q8_0 matvec over a matrix far larger than the caches: +5-10%.
-PREFETCH_BYTES = 1024
+# How far ahead of the block being read a row kernel asks for the weights (VectorCode.prefetch). The rows
+# of a weight matrix are contiguous, so 8 KiB past the block is some rows further on, whichever row of a
+# grid kernel asks. Measured over Gemma 3 270M's weights in decode order (streamed from memory), against
+# the 1024 bytes (past the same place in the next group of rows) used before: Q5_0 matvecs 2.9 -> 1.9 ms
+# a token, the Q8_0 output projection about 10% faster; 4-10 KiB all within noise of each other.
+PREFETCH_BYTES = 8192
 
 # "auto": the best of the paths below that the target has; "avx2": AVX2 only (no VNNI, no AVX-512
 # masks), "generic": portable IR only. The tests compile every path and compare the integer results.
@@ -139,6 +142,11 @@ def _target_has_vnni(context) -> bool:
     return "+avx2" in features and ("+avxvnni" in features or {"+avx512vnni", "+avx512vl"} <= features)
 
 
+def _target_has_avx512_vnni(context) -> bool:
+    """vpdpbusd and byte masks on 512-bit vectors: AVX-512 F, BW and VNNI."""
+    return VECTOR_ISA == "auto" and {"+avx512f", "+avx512bw", "+avx512vnni"} <= _target_features(context)
+
+
 def _target_has_gfni(context) -> bool:
     """gf2p8affineqb on 256-bit vectors (GFNI with AVX)."""
     return VECTOR_ISA == "auto" and {"+gfni", "+avx2"} <= _target_features(context)
@@ -159,6 +167,7 @@ class VectorCode:
         self.vnni = _target_has_vnni(context)
         self.avx512_masks = _target_has_avx512_masks(context)
         self.gfni = _target_has_gfni(context)
+        self.avx512_vnni = _target_has_avx512_vnni(context)
 
     # -- construction --
 
@@ -353,13 +362,24 @@ class VectorCode:
     # exact in the ranges dot_pairs is (unsigned quants <= 127), so every lane is the same integer.
 
     def _vpdpbusd(self, start, unsigned_bytes, signed_bytes):
+        """256-bit (32 bytes) or, with avx512_vnni, 512-bit (64 bytes)."""
+        lanes = unsigned_bytes.type.count // 4
         if start is None:
-            start = self.constant(0, 8, 32)
-        if ll_version_major() >= 22:  # LLVM 22 takes the bytes as <32 x i8>; older ones as <8 x i32>
+            start = self.constant(0, lanes, 32)
+        if ll_version_major() >= 22:  # LLVM 22 takes the bytes as <N x i8>; older ones as <N/4 x i32>
             args = [start, unsigned_bytes, signed_bytes]
         else:
-            args = [start, self.bitcast(unsigned_bytes, 8, 32), self.bitcast(signed_bytes, 8, 32)]
-        return self._x86("llvm.x86.avx512.vpdpbusd.256", args, self.vector_type(8, 32))
+            args = [start, self.bitcast(unsigned_bytes, lanes, 32), self.bitcast(signed_bytes, lanes, 32)]
+        return self._x86(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", args, self.vector_type(lanes, 32))
+
+    def dot_quads_signed_wide(self, x, y, start=None):
+        """dot_quads_signed on 64 bytes -> <16 x i32> (avx512_vnni only): |x| times y with x's sign, the
+        sign applied by a masked negation (AVX-512 has no vpsignb; where x is 0 the product is 0 anyway)."""
+        builder = self.builder
+        magnitude = self._x86("llvm.abs.v64i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+        negative = builder.icmp_signed("<", x, self.constant(0, 64, 8))
+        signed = builder.select(negative, builder.sub(self.constant(0, 64, 8), y), y)
+        return self._vpdpbusd(start, magnitude, signed)
 
     def dot_quads(self, unsigned_bytes, signed_bytes, start=None):
         """<32 x i8> (as unsigned, <= 127) * <32 x i8> (signed) -> <8 x i32> (+ start)."""
@@ -394,8 +414,11 @@ class VectorCode:
         halves = self.builder.bitcast(bits, ir.VectorType(ir.HalfType(), lanes))
         return self.builder.fpext(halves, ir.VectorType(ir.FloatType(), lanes))
 
-    def prefetch(self, array_type, array, byte_index, distance: int):
-        """Hint the cache to fetch the line `distance` bytes past array[byte_index] (never faults)."""
+    def prefetch(self, array_type, array, byte_index, distance=None):
+        """Hint the cache to fetch the line `distance` (default PREFETCH_BYTES) bytes past
+        array[byte_index] (never faults)."""
+        if distance is None:
+            distance = PREFETCH_BYTES
         data = self._data(array_type, array)
         pointer = self.builder.gep(data, [self.offset(byte_index, distance)])
         i8p = ir.IntType(8).as_pointer()
@@ -464,20 +487,25 @@ class VectorCode:
 
     def _accumulate(self, acc, ints, scale, extra):
         """acc + float(ints) * scale [+ extra in lane 0], as one fused multiply-add per block (llama.cpp's
-        _mm256_fmadd_ps); with a float extra term (a minimum's share) the sum is fma(...) then one add."""
+        _mm256_fmadd_ps); with a float extra term (a minimum's share) the sum is fma(...) then one add.
+        On 16 lanes (two dots side by side, see grid_sum) extra is a pair, for lanes 0 and 8."""
         builder = self.builder
-        vec8f = acc.type
+        vecf = acc.type
+        lanes = vecf.count
         if not isinstance(scale.type, ir.VectorType):
-            scale = self.splat(scale, 8)
-        fnty = ir.FunctionType(vec8f, [vec8f] * 3)
-        fma = cgutils.get_or_insert_function(builder.module, fnty, "llvm.fma.v8f32")
-        values = builder.sitofp(ints, vec8f)
+            scale = self.splat(scale, lanes)
+        fnty = ir.FunctionType(vecf, [vecf] * 3)
+        fma = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fma.v{lanes}f32")
+        values = builder.sitofp(ints, vecf)
         if extra is None:
             return builder.call(fma, [values, scale, acc])
-        lane0 = builder.insert_element(ir.Constant(vec8f, [0.0] * 8), extra, ir.Constant(ir.IntType(32), 0))
-        return builder.fadd(acc, builder.call(fma, [values, scale, lane0]), flags=self.PINNED)
+        extras = extra if isinstance(extra, (tuple, list)) else (extra,)
+        start = ir.Constant(vecf, [0.0] * lanes)
+        for k, value in enumerate(extras):
+            start = builder.insert_element(start, value, ir.Constant(ir.IntType(32), 8 * k))
+        return builder.fadd(acc, builder.call(fma, [values, scale, start]), flags=self.PINNED)
 
-    def grid_sum(self, n_blocks, block, n_dots: int):
+    def grid_sum(self, n_blocks, block, n_dots: int, lanes: int = 8):
         """n_dots dot products at once, interleaved block by block: block(b, i) returns dot i's
         (ints, scale[, extra]) for block b, as row_sum's block(b) does. Returns the n_dots float32 totals.
 
@@ -487,16 +515,24 @@ class VectorCode:
         than that), while n_dots independent chains overlap; and where dots share a weight row (several
         activation rows) or an activation (several weight rows), LLVM merges the identical loads and
         unpacking, so a weight block is unpacked once for all the activation rows it meets.
+
+        lanes 16: each block(b, i) gives two dots side by side (lanes 0-7 and 8-15, every operation lane
+        by lane, so each half is what 8 lanes give alone); returns 2 * n_dots totals, in that order.
         """
         builder = self.builder
-        zero = ir.Constant(ir.VectorType(ir.FloatType(), 8), [0.0] * 8)
+        zero = ir.Constant(ir.VectorType(ir.FloatType(), lanes), [0.0] * lanes)
         accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_dots)]
         with cgutils.for_range(builder, n_blocks) as loop:
             for i, acc_pointer in enumerate(accs):
                 ints, scale, *extra = block(loop.index, i)
                 extra = extra[0] if extra else None
                 builder.store(self._accumulate(builder.load(acc_pointer), ints, scale, extra), acc_pointer)
-        return [self.float_sum(builder.load(acc_pointer)) for acc_pointer in accs]
+        totals = []
+        for acc_pointer in accs:
+            acc = builder.load(acc_pointer)
+            for half in range(lanes // 8):
+                totals.append(self.float_sum(self.shuffle(acc, range(8 * half, 8 * half + 8)) if lanes > 8 else acc))
+        return totals
 
 
 def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):
@@ -526,17 +562,85 @@ def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):
                 for j in range(n_act_rows)
             ]
 
-            # Prefetch: each weight row asks for the same place in the row n_weight_rows further on (the
-            # next step's), once (with its first activation row). One row's own PREFETCH_BYTES ahead
-            # would land in its neighbours, which are being read already: the 4x1 matvec over Gemma
-            # 3's output matrix ran at 0.6x the one-row kernel's speed that way, measured.
-            ahead = [v.row_pointer(w_type, weights_, v.offset(r0_, i + n_weight_rows)) for i in range(n_weight_rows)] if n_weight_rows > 1 else rows
-
+            # Prefetch: each weight row asks for the line PREFETCH_BYTES past its own block, once (with
+            # its first activation row).
             def block(b, i):
                 w_row, t = divmod(i, n_act_rows)
-                return block_terms(v, rows[w_row], *acts[t], b, ahead[w_row] if t == 0 else None)
+                return block_terms(v, rows[w_row], *acts[t], b, rows[w_row] if t == 0 else None)
 
             totals = v.grid_sum(n_blocks_, block, n_dots)
+            return context.make_tuple(builder, signature.return_type, totals)
+
+        return sig, codegen
+
+    return grid_dot
+
+
+# ----- Batched decode: activation rows in pairs, two to a 512-bit vector -----
+#
+# matvec_rows (the server's batched decode) dots each weight row with T activation rows. Per block and
+# activation row the work is a few integer and float vector operations on eight lanes; with AVX-512 two
+# activation rows go side by side in one 512-bit vector (lanes 0-7 and 8-15), so each operation serves
+# two rows (Zen 5 runs 512-bit vpdpbusd / FMA at the 256-bit rate, measured). For that the activations
+# are first rearranged (pair_activations, once per matmul: O(T*K)) so that each operand is one load:
+#   pq int8[P, nb*64]      block b of rows 2p and 2p+1: pq[p, 64b : 64b+32], pq[p, 64b+32 : 64b+64]
+#   pd float32[P, nb*16]   their scales, each repeated 8 times
+#   ps int32[P, nb*16]     the int32 lanes each block's sum starts from: zero-point types put
+#                          -zero * asum in lanes 0 and 8 (as block_terms does in lane 0), others 0.
+# Every lane then sees exactly the operations of the one-row kernel, so every result is bit-identical.
+
+
+@exact_kernel
+def pair_activations(qs, d, s, zero, pq, pd, ps):
+    """Fill pq, pd, ps (as above; [P, ...] with P = T // 2) from the q8_0 activation rows qs int8[T, K],
+    d float32[T, nb], s int32[T, nb]; zero: the weight type's zero point (0 for none)."""
+    for p in range(pq.shape[0]):
+        for b in range(d.shape[1]):
+            for half in range(2):
+                t = 2 * p + half
+                for j in range(32):
+                    pq[p, 64 * b + 32 * half + j] = qs[t, 32 * b + j]
+                for j in range(8):
+                    pd[p, 16 * b + 8 * half + j] = d[t, b]
+                    ps[p, 16 * b + 8 * half + j] = 0
+                ps[p, 16 * b + 8 * half] = -zero * s[t, b]
+
+
+def pair_grid_dot_intrinsic(pair_terms, n_pairs: int):
+    """An intrinsic grid_dot(weights, r0, pq, pd, ps, p0, n_blocks) -> UniTuple(float32, 2 * n_pairs): weight
+    row r0 (weights: uint8[N, row_bytes]) against the activation pairs p0..p0+n_pairs-1 (pair_activations),
+    in row order (2 p0, 2 p0 + 1, ...); each result equals the type's one-row vec_dot bit for bit.
+
+    pair_terms(v, w, pq, pd, ps, b, half, prefetch) emits block b's (ints, scale) for the pair at element
+    pointers pq, pd, ps: both rows side by side (<16 x i32>, <16 x float>) for half None, used where the
+    target has AVX-512 BW and VNNI; else row `half` (0 or 1) alone, as block_terms would (<8 x ...>)."""
+
+    @intrinsic
+    def grid_dot(typingctx, weights, r0, pq, pd, ps, p0, n_blocks):
+        sig = types.UniTuple(types.float32, 2 * n_pairs)(weights, r0, pq, pd, ps, p0, n_blocks)
+
+        def codegen(context, builder, signature, args):
+            weights_, r0_, pq_, pd_, ps_, p0_, n_blocks_ = args
+            w_type, _, pq_type, pd_type, ps_type, _, _ = signature.args
+            v = VectorCode(context, builder)
+            row = v.row_pointer(w_type, weights_, r0_)
+            pairs = [
+                tuple(v.row_pointer(t, a, v.offset(p0_, j)) for t, a in ((pq_type, pq_), (pd_type, pd_), (ps_type, ps_)))
+                for j in range(n_pairs)
+            ]
+            if v.avx512_vnni:
+
+                def block(b, i):
+                    return pair_terms(v, row, *pairs[i], b, None, row if i == 0 else None)
+
+                totals = v.grid_sum(n_blocks_, block, n_pairs, lanes=16)
+            else:
+
+                def block(b, i):
+                    pair, half = divmod(i, 2)
+                    return pair_terms(v, row, *pairs[pair], b, half, row if i == 0 else None)
+
+                totals = v.grid_sum(n_blocks_, block, 2 * n_pairs)
             return context.make_tuple(builder, signature.return_type, totals)
 
         return sig, codegen
