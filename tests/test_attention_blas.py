@@ -115,3 +115,10 @@ def test_f16_head_to_f32_is_exact():
     out = np.empty((30, 24), np.float32)
     kernels.f16_head_to_f32(bits, 2, 5, out)
     np.testing.assert_array_equal(out, bits[5:35, 2].view(np.float16).astype(np.float32))
+
+
+def test_masked_softmax_rows_refuses_a_block_missing_its_own_positions():
+    with pytest.raises(ValueError):  # rows at positions 7..14 against keys 0..7
+        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 7, 1, 0, np.float32(1.0), 0)
+    with pytest.raises(ValueError):  # first key after the first row's position
+        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 3, 8, 4, np.float32(1.0), 0)
