@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import localllm  # noqa: E402
 
-OPS = ("matmul", "matmul_rows", "embed", "rms_norm", "rope", "kv_store", "attention", "gated_act", "add", "scale")
+OPS = ("matmul", "matmul_rows", "embed", "rms_norm", "rope", "kv_store", "attention", "kv_store_paged", "attention_paged",
+       "gated_act", "add", "scale")
 
 
 class OpTimer:

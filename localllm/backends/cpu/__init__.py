@@ -102,8 +102,9 @@ class CPUBackend(Backend):
         self._step_threads = self._numba_threads  # the thread count of the decode step in progress
 
     def begin_step(self, rows: int) -> None:
-        if rows < BLAS_MIN_ROWS:
-            self._step_threads = self._decode.begin(rows)
+        # Every step is measured, keyed by its row count: in a prefill only the one-row ops (the output
+        # projection of the last row) take this count, in the server's batched steps every decode row.
+        self._step_threads = self._decode.begin(rows)
 
     def end_step(self) -> None:
         self._decode.end()
