@@ -94,9 +94,11 @@ def test_auto_uses_the_instructions_the_host_has():
         assert "kmovd" in asm
 
 
-# IQ4_NL's batched rows (the generic ROWS_TEMPLATE: vec_dot inlined into a fast-math driver) differ from
-# its vec_dot in the last bit on such rows: found with this test, already so before the pair kernels.
-LONG_ROW_TYPES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="IQ4_NL rows drift")) if n == "IQ4_NL" else n for n in TYPES]
+# IQ4_NL's vec_dot accumulates `acc += float(total) * scale` in a fast-math loop, which LLVM may reorder
+# differently where it is inlined (the generic ROWS_TEMPLATE driver) than standalone: its batched rows
+# differ from vec_dot in the last bit on such rows, or not, depending on how each was compiled (seen both
+# ways). Found with this test, already so before the pair kernels; not strict for that reason.
+LONG_ROW_TYPES = [pytest.param(n, marks=pytest.mark.xfail(strict=False, reason="IQ4_NL rows drift")) if n == "IQ4_NL" else n for n in TYPES]
 
 
 @pytest.mark.parametrize("name", LONG_ROW_TYPES)

@@ -96,7 +96,12 @@ def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch):
         v.prefetch(None, prefetch, base)
     if half is None:
         acts = v.load(None, pq, builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), 2 * BLOCK)
-        ints = v.dot_quads_signed_wide(v.join(quants, quants), acts)
+        if LANE_OFFSET:  # the quants as unsigned q + 128; ps holds each lane's -128 * (its activation sum)
+            unsigned = builder.xor(quants, v.constant(0x80, BLOCK, 8))
+            start = v.load(None, ps, builder.mul(b, ir.Constant(b.type, 16)), 16)
+            ints = v.dot_quads(v.join(unsigned, unsigned), acts, start)
+        else:
+            ints = v.dot_quads_signed_wide(v.join(quants, quants), acts)
         act_scales = v.load(None, pd, builder.mul(b, ir.Constant(b.type, 16)), 16)
         return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), act_scales, flags=v.PINNED)
     acts = v.load(None, pq, v.offset(builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), BLOCK * half), BLOCK)
@@ -106,6 +111,10 @@ def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch):
 
 
 ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (q8_k.pair_activations)
+# The 512-bit pair kernel multiplies q + 128 (unsigned, one xor per block) by the activations and starts
+# each lane from -128 times its four activation bytes' sum (precomputed per pair): the same int32 lanes
+# as |q| times the sign-applied activations, without the per-row sign step.
+LANE_OFFSET = 128
 
 # Several dot products at once (VectorCode.grid_sum), each equal to vec_dot's: four weight rows against
 # one activation (the decode matvec), one weight row against four activation rows (batched decode).

@@ -586,14 +586,27 @@ def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):
 #   pq int8[P, nb*64]      block b of rows 2p and 2p+1: pq[p, 64b : 64b+32], pq[p, 64b+32 : 64b+64]
 #   pd float32[P, nb*16]   their scales, each repeated 8 times
 #   ps int32[P, nb*16]     the int32 lanes each block's sum starts from: zero-point types put
-#                          -zero * asum in lanes 0 and 8 (as block_terms does in lane 0), others 0.
-# Every lane then sees exactly the operations of the one-row kernel, so every result is bit-identical.
+#                          -zero * asum in lanes 0 and 8 (as block_terms does in lane 0); with a lane
+#                          offset c (Q8_0's weights taken as unsigned, q + c), each lane also starts
+#                          from -c * (the sum of its four activation bytes).
+# Every lane then sees exactly the integer sum of the one-row kernel's lane and the same float operations,
+# so every result is bit-identical.
 
 
 @exact_kernel
-def pair_activations(qs, d, s, zero, pq, pd, ps):
+def aligned_rows(buffer, n_rows):
+    """[n_rows, m] view of the 1D buffer (one 64-byte line longer than n_rows * m elements) starting at a
+    64-byte boundary, so that every 64-byte block of a row is one cache line (rows are whole lines long).
+    Numba allocates on 32-byte boundaries: half the 512-bit loads would straddle two lines."""
+    skip = ((-buffer.ctypes.data) % 64) // buffer.itemsize
+    m = (buffer.shape[0] - 64 // buffer.itemsize) // max(n_rows, 1)
+    return buffer[skip : skip + n_rows * m].reshape((n_rows, m))
+
+
+@exact_kernel
+def pair_activations(qs, d, s, zero, lane_offset, pq, pd, ps):
     """Fill pq, pd, ps (as above; [P, ...] with P = T // 2) from the q8_0 activation rows qs int8[T, K],
-    d float32[T, nb], s int32[T, nb]; zero: the weight type's zero point (0 for none)."""
+    d float32[T, nb], s int32[T, nb]; zero: the weight type's zero point (0 for none); lane_offset: c."""
     for p in range(pq.shape[0]):
         for b in range(d.shape[1]):
             for half in range(2):
@@ -602,8 +615,11 @@ def pair_activations(qs, d, s, zero, pq, pd, ps):
                     pq[p, 64 * b + 32 * half + j] = qs[t, 32 * b + j]
                 for j in range(8):
                     pd[p, 16 * b + 8 * half + j] = d[t, b]
-                    ps[p, 16 * b + 8 * half + j] = 0
-                ps[p, 16 * b + 8 * half] = -zero * s[t, b]
+                    group = np.int32(0)
+                    for i in range(4):
+                        group += np.int32(qs[t, 32 * b + 4 * j + i])
+                    ps[p, 16 * b + 8 * half + j] = -lane_offset * group
+                ps[p, 16 * b + 8 * half] -= zero * s[t, b]
 
 
 def pair_grid_dot_intrinsic(pair_terms, n_pairs: int):

@@ -137,10 +137,10 @@ def matvec_rows(weights, out, qs, d, s):
     n_blocks = d.shape[1]
     n_rows = out.shape[0]
     pairs = n_rows // 2
-    pq = np.empty((pairs, n_blocks * 64), dtype=np.int8)
-    pd = np.empty((pairs, n_blocks * 16), dtype=np.float32)
-    ps = np.empty((pairs, n_blocks * 16), dtype=np.int32)
-    pair_activations(qs, d, s, ZERO_POINT, pq, pd, ps)
+    pq = aligned_rows(np.empty(pairs * n_blocks * 64 + 64, dtype=np.int8), pairs)
+    pd = aligned_rows(np.empty(pairs * n_blocks * 16 + 16, dtype=np.float32), pairs)
+    ps = aligned_rows(np.empty(pairs * n_blocks * 16 + 16, dtype=np.int32), pairs)
+    pair_activations(qs, d, s, ZERO_POINT, LANE_OFFSET, pq, pd, ps)
     eights = pairs // 4
     fours = (pairs - 4 * eights) // 2
     done = 8 * eights + 4 * fours
@@ -158,8 +158,8 @@ def matvec_rows(weights, out, qs, d, s):
 
 PAIRS_HEADER = """import numpy as np
 
-from localllm.quant.q8_k import pair_activations
-from {module} import ZERO_POINT, dot_pairs_1x4, dot_pairs_1x8
+from localllm.quant.q8_k import aligned_rows, pair_activations
+from {module} import LANE_OFFSET, ZERO_POINT, dot_pairs_1x4, dot_pairs_1x8
 """
 
 
