@@ -12,6 +12,9 @@ the caches so that the figures include reading the weights from memory, as decod
 - vec_dot: one matrix-vector product through matvec_kernel (what decode runs per token), with the
   activation quantized to the type's pairing format beforehand (quantizing it is not timed: it is done
   once per matmul and costs K elements, not N*K).
+- rows (with --rows T > 1): the batched matvec (matvec_rows, the server's batched decode) with T activation
+  rows, reported as weight GB/s and as its time over the one-row vec_dot's ("xT": 1.0 would mean the T
+  rows cost no more than one);
 Both run with numba.set_num_threads(--threads) (1 by default: per-core speed, free of scheduling noise).
 Each figure is the median of `--repeat` runs, after one untimed run that compiles (or loads) the kernel
 and touches every page of the output buffers.
@@ -33,7 +36,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from localllm import quant
-from localllm.backends.cpu.matmul import TILE_ROWS, dequant_rows_kernel, matvec_kernel
+from localllm.backends.cpu.drivers import row_drivers
+from localllm.backends.cpu.matmul import TILE_ROWS, BatchActivation, dequant_rows_kernel, matvec_kernel
 from localllm.quant.activation import QuantizedActivation
 
 # Seed rows are quantized once and tiled to the full matrix: the reference quantizers of the K types are
@@ -92,6 +96,15 @@ def bench_vec_dot(qt, weights: np.ndarray, n_cols: int, repeat: int, rng) -> flo
     return median_seconds(lambda: kernel(weights, out, *act), repeat)
 
 
+def bench_rows(qt, weights: np.ndarray, n_cols: int, n_rows: int, repeat: int, rng) -> float:
+    """Seconds for one batched matvec (matvec_rows) of n_rows activation rows over every row of `weights`."""
+    kernel = row_drivers(qt).matvec_rows
+    batch = BatchActivation(qt.act, n_rows, n_cols).quantize(rng.standard_normal((n_rows, n_cols)).astype(np.float32))
+    out = np.empty((n_rows, weights.shape[0]), dtype=np.float32)
+    kernel(weights, out, *batch)  # untimed: compiles (or loads) the kernel, faults in fresh pages
+    return median_seconds(lambda: kernel(weights, out, *batch), repeat)
+
+
 def bench_type(name: str, args, rng) -> dict:
     try:
         qt = quant.get(name)
@@ -101,7 +114,12 @@ def bench_type(name: str, args, rng) -> dict:
     dequant_s = bench_dequantize(qt, weights, args.cols, args.repeat)
     dot_s = bench_vec_dot(qt, weights, args.cols, args.repeat, rng)
     n_elements = weights.shape[0] * args.cols
+    rows = {}
+    if args.rows > 1:
+        rows_s = bench_rows(qt, weights, args.cols, args.rows, args.repeat, rng)
+        rows = {"act_rows": args.rows, "rows_gbps": weights.nbytes / rows_s / 1e9, "rows_over_one": rows_s / dot_s}
     return {
+        **rows,
         "type": name,
         "act": qt.act,
         "rows": weights.shape[0],
@@ -118,6 +136,9 @@ def bench_type(name: str, args, rng) -> dict:
 def print_table(results: list[dict], threads: int) -> None:
     print(f"threads={threads}; GB/s of weight bytes read (1e9 B/s), Gelem/s of weights processed; median")
     header = f"{'type':<8}{'act':<6}{'bpw':>6}{'MB':>7}  {'deq GB/s':>9}{'deq Gel/s':>10}  {'dot GB/s':>9}{'dot Gel/s':>10}"
+    batched = next((r["act_rows"] for r in results if "act_rows" in r), None)
+    if batched:
+        header += f"  {f'x{batched} GB/s':>10}{f'x{batched}/x1':>8}"
     print(header)
     print("-" * len(header))
     for r in results:
@@ -128,6 +149,7 @@ def print_table(results: list[dict], threads: int) -> None:
             f"{r['type']:<8}{r['act']:<6}{r['bits_per_weight']:>6.2f}{r['weight_bytes'] / 2**20:>7.1f}  "
             f"{r['dequantize_gbps']:>9.2f}{r['dequantize_gelem_s']:>10.2f}  "
             f"{r['vec_dot_gbps']:>9.2f}{r['vec_dot_gelem_s']:>10.2f}"
+            + (f"  {r['rows_gbps']:>10.2f}{r['rows_over_one']:>8.2f}" if "act_rows" in r else "")
         )
 
 
@@ -138,6 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--cols", type=int, default=4096, help="inputs per row, a multiple of 256 (default 4096)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per figure (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="Numba threads (default 1)")
+    parser.add_argument("--rows", type=int, default=1, help="also time the batched matvec with this many activation rows")
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     args = parser.parse_args(argv)
     if args.cols % 256:

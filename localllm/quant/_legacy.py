@@ -186,7 +186,7 @@ def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
     against an activation pair (q8_k.pair_activations, whose ps holds each row's zero correction in the
     lane block_terms starts it in), both rows in 512-bit vectors for half None, else row half."""
 
-    def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch):
+    def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
         builder = v.builder
         base = builder.mul(b, ir.Constant(b.type, block_bytes))
         quants = _nibbles(v, None, w, v.offset(base, qs_offset))
@@ -195,15 +195,13 @@ def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
         if qh_offset is not None:
             quants = _with_fifth_bits(v, quants, None, w, v.offset(base, qh_offset))
         at64 = builder.mul(b, ir.Constant(b.type, 2 * BLOCK))
-        at16 = builder.mul(b, ir.Constant(b.type, 16))
         if half is None:
             acts = v.load(None, pq, at64, 2 * BLOCK)
-            ints = v.dot_quads(v.join(quants, quants), acts, v.load(None, ps, at16, 16))
-            act_scales = v.load(None, pd, at16, 16)
-            return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), act_scales, flags=v.PINNED)
+            ints = v.dot_quads(v.join(quants, quants), acts, v.pair_lanes(ps, b, spread, starts=True))
+            return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), v.pair_lanes(pd, b, spread), flags=v.PINNED)
         acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
-        ints = v.dot_quads(quants, acts, v.load(None, ps, v.offset(at16, 8 * half), 8))
-        act_scale = v.load_scalar(None, pd, v.offset(at16, 8 * half))
+        ints = v.dot_quads(quants, acts, _first_lane(v, v.pair_lane(ps, b, half, spread), 8))
+        act_scale = v.pair_lane(pd, b, half, spread)
         return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 
     return pair_terms

@@ -59,12 +59,14 @@ row_dot = row_dot_kernel(block_terms)
 # (batched decode), each result equal to vec_dot's (q8_k.grid_dot_intrinsic).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (q8_k.pair_activations): one weight row against 8 or 4 rows.
-LANE_OFFSET = 0
+# Batched decode on activation pairs (q8_k.pair_activations, compact or spread layout): one weight row
+# against 8 or 4 rows.
 ZERO_POINT = 8
 pair_terms = pair_terms_kernel(BLOCK_BYTES, qs_offset=2)
-dot_pairs_1x8 = pair_grid_dot_intrinsic(pair_terms, 4)
-dot_pairs_1x4 = pair_grid_dot_intrinsic(pair_terms, 2)
+dot_pairs_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=False)
+dot_pairs_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=False)
+dot_spread_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=True)
+dot_spread_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=True)
 
 
 @fast_kernel

@@ -86,7 +86,7 @@ def row_dot(typingctx, w, aqs, ad, n_blocks):
     return sig, codegen
 
 
-def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch):
+def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
     """block_terms against an activation pair (q8_k.pair_activations; ps unused): both rows in 512-bit
     vectors for half None (the sign applied by a masked negation: AVX-512 has no vpsignb), else row half."""
     builder = v.builder
@@ -96,33 +96,26 @@ def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch):
         v.prefetch(None, prefetch, base)
     if half is None:
         acts = v.load(None, pq, builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), 2 * BLOCK)
-        if LANE_OFFSET:  # the quants as unsigned q + 128; ps holds each lane's -128 * (its activation sum)
-            unsigned = builder.xor(quants, v.constant(0x80, BLOCK, 8))
-            start = v.load(None, ps, builder.mul(b, ir.Constant(b.type, 16)), 16)
-            ints = v.dot_quads(v.join(unsigned, unsigned), acts, start)
-        else:
-            ints = v.dot_quads_signed_wide(v.join(quants, quants), acts)
-        act_scales = v.load(None, pd, builder.mul(b, ir.Constant(b.type, 16)), 16)
-        return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), act_scales, flags=v.PINNED)
+        ints = v.dot_quads_signed_wide(v.join(quants, quants), acts)
+        return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), v.pair_lanes(pd, b, spread), flags=v.PINNED)
     acts = v.load(None, pq, v.offset(builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), BLOCK * half), BLOCK)
     ints = v.dot_quads_signed(quants, acts)
-    act_scale = v.load_scalar(None, pd, v.offset(builder.mul(b, ir.Constant(b.type, 16)), 8 * half))
+    act_scale = v.pair_lane(pd, b, half, spread)
     return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 
 
 ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (q8_k.pair_activations)
-# The 512-bit pair kernel multiplies q + 128 (unsigned, one xor per block) by the activations and starts
-# each lane from -128 times its four activation bytes' sum (precomputed per pair): the same int32 lanes
-# as |q| times the sign-applied activations, without the per-row sign step.
-LANE_OFFSET = 128
 
 # Several dot products at once (VectorCode.grid_sum), each equal to vec_dot's: four weight rows against
 # one activation (the decode matvec), one weight row against four activation rows (batched decode).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (q8_k.pair_activations): one weight row against 8 or 4 rows.
-dot_pairs_1x8 = pair_grid_dot_intrinsic(pair_terms, 4)
-dot_pairs_1x4 = pair_grid_dot_intrinsic(pair_terms, 2)
+# Batched decode on activation pairs (q8_k.pair_activations, compact or spread layout): one weight row
+# against 8 or 4 rows.
+dot_pairs_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=False)
+dot_pairs_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=False)
+dot_spread_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=True)
+dot_spread_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=True)
 
 
 @fast_kernel

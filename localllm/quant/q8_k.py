@@ -372,6 +372,22 @@ class VectorCode:
             args = [start, self.bitcast(unsigned_bytes, lanes, 32), self.bitcast(signed_bytes, lanes, 32)]
         return self._x86(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", args, self.vector_type(lanes, 32))
 
+    def pair_lanes(self, pointer, b, spread: bool, starts: bool = False):
+        """Block b's <16 x ...> from a pair array (pd, or ps with starts): loaded (spread layout), or its
+        two values spread (compact): 8 lanes each, or, with starts, lanes 0 and 8 with zeros elsewhere."""
+        if spread:
+            return self.load(None, pointer, self.builder.mul(b, ir.Constant(b.type, 16)), 16)
+        two = self.load(None, pointer, self.builder.mul(b, ir.Constant(b.type, 2)), 2)
+        if not starts:
+            return self.shuffle(two, [0] * 8 + [1] * 8)
+        zeros = ir.Constant(two.type, [0, 0])
+        return self.builder.shuffle_vector(two, zeros, self._lane_list([0] + [2] * 7 + [1] + [2] * 7))
+
+    def pair_lane(self, pointer, b, half, spread: bool):
+        """Row half's value of block b in a pair array (its lane 0 in the spread layout)."""
+        width = 8 if spread else 1
+        return self.load_scalar(None, pointer, self.offset(self.builder.mul(b, ir.Constant(b.type, 2 * width)), width * half))
+
     def dot_quads_signed_wide(self, x, y, start=None):
         """dot_quads_signed on 64 bytes -> <16 x i32> (avx512_vnni only): |x| times y with x's sign, the
         sign applied by a masked negation (AVX-512 has no vpsignb; where x is 0 the product is 0 anyway)."""
@@ -584,11 +600,15 @@ def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):
 # two rows (Zen 5 runs 512-bit vpdpbusd / FMA at the 256-bit rate, measured). For that the activations
 # are first rearranged (pair_activations, once per matmul: O(T*K)) so that each operand is one load:
 #   pq int8[P, nb*64]      block b of rows 2p and 2p+1: pq[p, 64b : 64b+32], pq[p, 64b+32 : 64b+64]
-#   pd float32[P, nb*16]   their scales, each repeated 8 times
-#   ps int32[P, nb*16]     the int32 lanes each block's sum starts from: zero-point types put
-#                          -zero * asum in lanes 0 and 8 (as block_terms does in lane 0); with a lane
-#                          offset c (Q8_0's weights taken as unsigned, q + c), each lane also starts
-#                          from -c * (the sum of its four activation bytes).
+#   pd float32[P, nb*w]    their scales
+#   ps int32[P, nb*w]      the zero-point types' corrections -zero * asum, which start lanes 0 and 8 (as
+#                          block_terms starts lane 0)
+# in one of two layouts. "Spread" (w = 16): each scale repeated over its row's 8 lanes, each correction
+# in its lane with zeros around it, so that they are plain loads; the fastest while the pairs stay in
+# the L1 cache. "Compact" (w = 2): the two values per block, spread by a shuffle; the same bytes as the
+# activation arrays themselves. The kernels dot one weight row with all the pairs, so the spread layout
+# of a long row (K = 4096: 96 KiB for 8 rows) is read from L2 for every weight row, and ran slower than
+# the one-row-at-a-time kernels; the driver takes the compact one above SPREAD_MAX_BYTES.
 # Every lane then sees exactly the integer sum of the one-row kernel's lane and the same float operations,
 # so every result is bit-identical.
 
@@ -603,33 +623,38 @@ def aligned_rows(buffer, n_rows):
     return buffer[skip : skip + n_rows * m].reshape((n_rows, m))
 
 
+SPREAD_MAX_BYTES = 32768  # the largest spread layout (pq + pd + ps) the driver uses; measured at K 640 / 4096
+
+
 @exact_kernel
-def pair_activations(qs, d, s, zero, lane_offset, pq, pd, ps):
-    """Fill pq, pd, ps (as above; [P, ...] with P = T // 2) from the q8_0 activation rows qs int8[T, K],
-    d float32[T, nb], s int32[T, nb]; zero: the weight type's zero point (0 for none); lane_offset: c."""
+def pair_activations(qs, d, s, zero, pq, pd, ps):
+    """Fill pq, pd, ps (as above; [P, ...] with P = T // 2; the layout from pd's width) from the q8_0
+    activation rows qs int8[T, K], d float32[T, nb], s int32[T, nb]; zero: the weight type's zero point
+    (0 for none)."""
+    n_blocks = d.shape[1]
+    width = pd.shape[1] // max(n_blocks, 1) // 2  # lanes per row: 8 (spread) or 1 (compact)
     for p in range(pq.shape[0]):
-        for b in range(d.shape[1]):
+        for b in range(n_blocks):
             for half in range(2):
                 t = 2 * p + half
                 for j in range(32):
                     pq[p, 64 * b + 32 * half + j] = qs[t, 32 * b + j]
-                for j in range(8):
-                    pd[p, 16 * b + 8 * half + j] = d[t, b]
-                    group = np.int32(0)
-                    for i in range(4):
-                        group += np.int32(qs[t, 32 * b + 4 * j + i])
-                    ps[p, 16 * b + 8 * half + j] = -lane_offset * group
-                ps[p, 16 * b + 8 * half] -= zero * s[t, b]
+                at = 2 * width * b + width * half
+                for j in range(width):
+                    pd[p, at + j] = d[t, b]
+                    ps[p, at + j] = 0
+                ps[p, at] = -zero * s[t, b]
 
 
-def pair_grid_dot_intrinsic(pair_terms, n_pairs: int):
+def pair_grid_dot_intrinsic(pair_terms, n_pairs: int, spread: bool):
     """An intrinsic grid_dot(weights, r0, pq, pd, ps, p0, n_blocks) -> UniTuple(float32, 2 * n_pairs): weight
     row r0 (weights: uint8[N, row_bytes]) against the activation pairs p0..p0+n_pairs-1 (pair_activations),
     in row order (2 p0, 2 p0 + 1, ...); each result equals the type's one-row vec_dot bit for bit.
 
-    pair_terms(v, w, pq, pd, ps, b, half, prefetch) emits block b's (ints, scale) for the pair at element
-    pointers pq, pd, ps: both rows side by side (<16 x i32>, <16 x float>) for half None, used where the
-    target has AVX-512 BW and VNNI; else row `half` (0 or 1) alone, as block_terms would (<8 x ...>)."""
+    pair_terms(v, w, pq, pd, ps, b, half, prefetch, spread) emits block b's (ints, scale) for the pair at
+    element pointers pq, pd, ps (in the spread or compact layout): both rows side by side (<16 x i32>,
+    <16 x float>) for half None, used where the target has AVX-512 BW and VNNI; else row `half` (0 or 1)
+    alone, as block_terms would (<8 x ...>)."""
 
     @intrinsic
     def grid_dot(typingctx, weights, r0, pq, pd, ps, p0, n_blocks):
@@ -647,14 +672,14 @@ def pair_grid_dot_intrinsic(pair_terms, n_pairs: int):
             if v.avx512_vnni:
 
                 def block(b, i):
-                    return pair_terms(v, row, *pairs[i], b, None, row if i == 0 else None)
+                    return pair_terms(v, row, *pairs[i], b, None, row if i == 0 else None, spread)
 
                 totals = v.grid_sum(n_blocks_, block, n_pairs, lanes=16)
             else:
 
                 def block(b, i):
                     pair, half = divmod(i, 2)
-                    return pair_terms(v, row, *pairs[pair], b, half, row if i == 0 else None)
+                    return pair_terms(v, row, *pairs[pair], b, half, row if i == 0 else None, spread)
 
                 totals = v.grid_sum(n_blocks_, block, 2 * n_pairs)
             return context.make_tuple(builder, signature.return_type, totals)

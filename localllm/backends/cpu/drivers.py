@@ -131,35 +131,45 @@ PAIRS_ROWS_TEMPLATE = """
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath=True)
 def matvec_rows(weights, out, qs, d, s):
     \"\"\"weights uint8[N, row_bytes]; out float32[T, N]; the activations (qs, d, s) [T, ...] in the q8_0
-    pairing format, rearranged into pairs once (pair_activations), then each weight row is dotted with
-    them eight rows at a time (dot_pairs_1x8), then four (dot_pairs_1x4), the last rows one by one; every
-    out[t, r] equals the one-row matvec's, so a row's result does not depend on T (batched decode).\"\"\"
+    pairing format, rearranged into pairs once (pair_activations: the spread layout while it is at most
+    SPREAD_MAX_BYTES, else the compact one), then each weight row is dotted with them eight rows at a
+    time, then four, the last rows one by one; every out[t, r] equals the one-row matvec's, so a row's
+    result does not depend on T (the server's batched decode).\"\"\"
     n_blocks = d.shape[1]
     n_rows = out.shape[0]
     pairs = n_rows // 2
+    spread = pairs * n_blocks * 192 <= SPREAD_MAX_BYTES
+    width = 16 if spread else 2
     pq = aligned_rows(np.empty(pairs * n_blocks * 64 + 64, dtype=np.int8), pairs)
-    pd = aligned_rows(np.empty(pairs * n_blocks * 16 + 16, dtype=np.float32), pairs)
-    ps = aligned_rows(np.empty(pairs * n_blocks * 16 + 16, dtype=np.int32), pairs)
-    pair_activations(qs, d, s, ZERO_POINT, LANE_OFFSET, pq, pd, ps)
+    pd = aligned_rows(np.empty(pairs * n_blocks * width + 16, dtype=np.float32), pairs)
+    ps = aligned_rows(np.empty(pairs * n_blocks * width + 16, dtype=np.int32), pairs)
+    pair_activations(qs, d, s, ZERO_POINT, pq, pd, ps)
     eights = pairs // 4
     fours = (pairs - 4 * eights) // 2
     done = 8 * eights + 4 * fours
     for r in prange(weights.shape[0]):
         for g in range(eights):
             t = 8 * g
-            (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r],
-             out[t + 4, r], out[t + 5, r], out[t + 6, r], out[t + 7, r]) = dot_pairs_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
+            if spread:
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r],
+                 out[t + 4, r], out[t + 5, r], out[t + 6, r], out[t + 7, r]) = dot_spread_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
+            else:
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r],
+                 out[t + 4, r], out[t + 5, r], out[t + 6, r], out[t + 7, r]) = dot_pairs_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
         if fours:
             t = 8 * eights
-            out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
+            if spread:
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_spread_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
+            else:
+                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
         for t in range(done, n_rows):
             out[t, r] = vec_dot(weights[r], qs[t], d[t], s[t])
 """
 
 PAIRS_HEADER = """import numpy as np
 
-from localllm.quant.q8_k import aligned_rows, pair_activations
-from {module} import LANE_OFFSET, ZERO_POINT, dot_pairs_1x4, dot_pairs_1x8
+from localllm.quant.q8_k import SPREAD_MAX_BYTES, aligned_rows, pair_activations
+from {module} import ZERO_POINT, dot_pairs_1x4, dot_pairs_1x8, dot_spread_1x4, dot_spread_1x8
 """
 
 
