@@ -102,7 +102,7 @@ LONG_ROW_TYPES = [pytest.param(n, marks=pytest.mark.xfail(strict=False, reason="
 
 
 @pytest.mark.parametrize("name", LONG_ROW_TYPES)
-@pytest.mark.parametrize("n_rows", [4, 6, 8, 9])
+@pytest.mark.parametrize("n_rows", [2, 3, 4, 6, 7, 8, 9])
 def test_batched_matvec_equals_vec_dot_on_long_rows(name, n_rows):
     # The batched decode (matvec_rows: grid, pair and 1x4 kernels) against each row's own vec_dot, on
     # rows of 2048 (8 super-blocks, 64 blocks): a kernel whose float accumulation drifts from vec_dot's

@@ -122,7 +122,7 @@ def matvec_rows(weights, out, qs, d, s):
 ''' + ROW_HELPERS
 
 
-# For the types whose module also has pair kernels (dot_pairs_1x8, dot_pairs_1x4: one weight row against
+# For the types whose module also has pair kernels (dot_pairs_1x8 and the like: one weight row against
 # activation rows taken in pairs, two rows to a 512-bit vector where the target has AVX-512, each result
 # equal to vec_dot's bit for bit, see quant.q8_k.pair_grid_dot_intrinsic): GRID_TEMPLATE's matvec with a
 # batched matvec on them.
@@ -133,8 +133,8 @@ def matvec_rows(weights, out, qs, d, s):
     \"\"\"weights uint8[N, row_bytes]; out float32[T, N]; the activations (qs, d, s) [T, ...] in the q8_0
     pairing format, rearranged into pairs once (pair_activations: the spread layout while it is at most
     SPREAD_MAX_BYTES, else the compact one), then each weight row is dotted with them eight rows at a
-    time, then four, the last rows one by one; every out[t, r] equals the one-row matvec's, so a row's
-    result does not depend on T (the server's batched decode).\"\"\"
+    time, then four, then two, an odd last row alone; every out[t, r] equals the one-row matvec's, so
+    a row's result does not depend on T (the server's batched decode).\"\"\"
     n_blocks = d.shape[1]
     n_rows = out.shape[0]
     pairs = n_rows // 2
@@ -146,7 +146,8 @@ def matvec_rows(weights, out, qs, d, s):
     pair_activations(qs, d, s, ZERO_POINT, pq, pd, ps)
     eights = pairs // 4
     fours = (pairs - 4 * eights) // 2
-    done = 8 * eights + 4 * fours
+    twos = pairs - 4 * eights - 2 * fours
+    done = 2 * pairs
     for r in prange(weights.shape[0]):
         for g in range(eights):
             t = 8 * g
@@ -162,6 +163,12 @@ def matvec_rows(weights, out, qs, d, s):
                 out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_spread_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
             else:
                 out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
+        if twos:
+            t = 8 * eights + 4 * fours
+            if spread:
+                out[t, r], out[t + 1, r] = dot_spread_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
+            else:
+                out[t, r], out[t + 1, r] = dot_pairs_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
         for t in range(done, n_rows):
             out[t, r] = vec_dot(weights[r], qs[t], d[t], s[t])
 """
@@ -169,7 +176,7 @@ def matvec_rows(weights, out, qs, d, s):
 PAIRS_HEADER = """import numpy as np
 
 from localllm.quant.q8_k import SPREAD_MAX_BYTES, aligned_rows, pair_activations
-from {module} import ZERO_POINT, dot_pairs_1x4, dot_pairs_1x8, dot_spread_1x4, dot_spread_1x8
+from {module} import ZERO_POINT, dot_pairs_1x2, dot_pairs_1x4, dot_pairs_1x8, dot_spread_1x2, dot_spread_1x4, dot_spread_1x8
 """
 
 
