@@ -24,24 +24,33 @@ def clock(monkeypatch):
     return fake
 
 
-def run_steps(governor, clock, n_steps, seconds_for, rows=1):
-    """Run n_steps; seconds_for(setting) is how long a step takes on that setting. Returns the settings."""
+OPS_PER_STEP = 10
+
+
+def run_steps(governor, clock, n_steps, seconds_for, rows=1, spent=None):
+    """Run n_steps of OPS_PER_STEP ops; seconds_for(setting) is how long a step takes on that setting
+    (each op takes a tenth, on the setting governor.now() gives it). Returns each step's setting as
+    begin() chose it; `spent`, a list, receives each step's duration."""
     used = []
     for _ in range(n_steps):
         setting = governor.begin(rows)
-        clock.now += seconds_for(setting)
+        started = clock.now
+        for _ in range(OPS_PER_STEP):
+            clock.now += seconds_for(governor.now()) / OPS_PER_STEP
         governor.end()
         used.append(setting)
+        if spent is not None:
+            spent.append(clock.now - started)
     return used
 
 
 def test_stays_on_all_threads_when_they_are_faster(clock):
     governor = DecodeThreads(2)
     used = run_steps(governor, clock, 600, lambda s: 0.010 if s == 2 else 0.014)
-    assert used[:2] == [2, 2]
-    assert used.count(1) <= 8  # only the tries: the third step, then ever rarer
+    assert used[:3] == [1, 1, 2]  # one thread until all threads have been tried, at the third step
+    assert used[3:].count(1) <= 7  # then only the tries, ever rarer
     assert used[-100:].count(2) >= 99
-    tries = [i for i, s in enumerate(used) if s == 1]
+    tries = [i for i, s in enumerate(used) if s == 1 and i >= 3]
     gaps = np.diff(tries)
     assert list(gaps) == sorted(gaps) and gaps[-1] == DecodeThreads.EXPLORE_MAX  # backing off, capped
 
@@ -55,9 +64,13 @@ def test_falls_back_to_one_thread_under_load_and_returns(clock):
             return 0.080 if setting == 2 else 0.014  # a busy neighbour: every region waits on the worker
         return 0.010 if setting == 2 else 0.014
 
-    used = run_steps(governor, clock, 200, seconds)
-    assert used[10:].count(1) >= 185
+    spent = []
+    used = run_steps(governor, clock, 200, seconds, spent=spent)
+    assert used.count(1) >= 195
     assert governor.best() == 1
+    # every try of all threads under load was cut short: at most the deadline, the op that crossed it and
+    # the rest on one thread (uncut, the try would take 0.080)
+    assert max(spent) <= DecodeThreads.ABANDON_AFTER * 0.014 + 0.080 / OPS_PER_STEP + 0.014 + 1e-9 < 0.080
     loaded["on"] = False
     used = run_steps(governor, clock, 2 * DecodeThreads.EXPLORE_MAX + 20, seconds)
     assert governor.best() == 2
@@ -79,8 +92,15 @@ def test_one_thread_backend_never_measures(clock):
 
 def test_a_step_that_raised_is_not_recorded(clock):
     governor = DecodeThreads(2)
-    run_steps(governor, clock, 2, lambda s: 0.010)
+    run_steps(governor, clock, 3, lambda s: 0.010)
     governor.begin(1)  # the step raises: end() is never called
     clock.now += 5.0
     run_steps(governor, clock, 1, lambda s: 0.010)
     assert max(governor._sizes[1].average.values()) < 0.02
+
+
+def test_ops_outside_a_step_get_the_last_choice(clock):
+    governor = DecodeThreads(2)
+    assert governor.now() == 1  # before any step: one thread
+    run_steps(governor, clock, 20, lambda s: 0.010 if s == 2 else 0.014)
+    assert governor.now() == 2

@@ -98,13 +98,12 @@ class CPUBackend(Backend):
         self._blas_attention = BlasAttention()
         self._gelu_table = None
         self._paged_rows = np.empty(0, dtype=np.int32)
-        self._decode = DecodeThreads(self._numba_threads)
-        self._step_threads = self._numba_threads  # the thread count of the decode step in progress
+        self._decode = DecodeThreads(self._numba_threads)  # the thread count of each decode step
 
     def begin_step(self, rows: int) -> None:
         # Every step is measured, keyed by its row count: in a prefill only the one-row ops (the output
         # projection of the last row) take this count, in the server's batched steps every decode row.
-        self._step_threads = self._decode.begin(rows)
+        self._decode.begin(rows)
 
     def end_step(self) -> None:
         self._decode.end()
@@ -152,7 +151,7 @@ class CPUBackend(Backend):
         on one, and a decode step of Gemma 3 270M runs ~200 of them. Same kernel either way: the
         results do not depend on the thread count."""
         small = work is not None and work < (limit or SMALL_OP_WORK)
-        wanted = 1 if rows >= BLAS_MIN_ROWS or small else self._step_threads
+        wanted = 1 if rows >= BLAS_MIN_ROWS or small else self._decode.now()
         # The setting is per calling thread (and others may change it), so it is read back rather than
         # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
         if _numba_threads_now() != wanted:

@@ -16,9 +16,9 @@ Two settings work together:
    tok/s (a spinning or descheduled worker holds up every region's barrier), where one thread still
    makes ~65. So the backend measures: it runs decode steps with all its threads, now and then tries
    the other setting, keeps a moving average of the step time of each, and uses whichever is
-   faster; each try that confirms the choice doubles the wait before the next (up to EXPLORE_MAX steps).
-   On a quiet machine that is all threads; under load it falls back to one thread within a few steps,
-   and the idle worker stops spinning.
+   faster; each try that confirms the choice doubles the wait before the next (up to EXPLORE_MAX steps),
+   and a try of all threads that runs long is cut short. On a quiet machine that is all threads from
+   the third step on; under load, one thread, and the idle worker stops spinning.
 
 The results do not depend on the thread count (every kernel computes each output the same way on any
 number of threads), so switching never changes a token.
@@ -46,23 +46,28 @@ class DecodeThreads:
     """Chooses the thread count of each decode step: `threads` or 1, whichever measured faster.
 
     begin(rows) returns the count for a step of `rows` activation rows about to run; end() records its
-    duration. Step times are compared per number of rows (the server's steps vary in size) through
-    exponential moving averages: a step's time grows slowly with the context, and both averages are
-    refreshed every EXPLORE_EVERY steps, so they stay comparable."""
+    duration; the backend asks now() before each op, because a try of all threads is cut short (the rest
+    of the step on one thread) once it has taken ABANDON_AFTER times a one-thread step: on a loaded
+    machine one such step took 0.2-0.6 s instead of 0.01, measured. Step times are compared per number
+    of rows (the server's steps vary in size) through exponential moving averages: a step's time grows
+    slowly with the context, and both averages are refreshed at every try, so they stay comparable.
+    Steps start on one thread; the first try of all threads is the third step."""
 
     EXPLORE_EVERY = 16  # steps of a size between two tries of the setting not in use ...
     EXPLORE_MAX = 256  # ... doubling each time a try confirms the choice, up to this
     SMOOTHING = 0.3  # weight of the newest step in a moving average
+    ABANDON_AFTER = 1.5  # a try of all threads ends when it has run this many one-thread steps
 
     def __init__(self, threads: int):
         self.threads = threads
-        self.current = threads
+        self.current = 1
         self._sizes: dict[int, _StepStats] = {}  # rows -> its statistics
         self._running = None  # (stats, setting, start time) of the step in progress
+        self._deadline = None  # when the try in progress is abandoned
 
     def best(self, rows: int = 1) -> int:
         stats = self._sizes.get(rows)
-        return stats.best(self.threads) if stats else self.threads
+        return stats.best(self.threads) if stats else 1
 
     def begin(self, rows: int = 1) -> int:
         if self.threads == 1:
@@ -71,10 +76,24 @@ class DecodeThreads:
         if stats is None:
             stats = self._sizes[rows] = _StepStats(self.EXPLORE_EVERY)
         self.current = stats.next_setting(self.threads, self.EXPLORE_EVERY, self.EXPLORE_MAX)
-        self._running = (stats, self.current, time.perf_counter())
+        started = time.perf_counter()
+        self._running = (stats, self.current, started)
+        one = stats.average.get(1)
+        trying_many = stats.trying == self.threads and one is not None
+        self._deadline = started + self.ABANDON_AFTER * one if trying_many else None
+        return self.current
+
+    def now(self) -> int:
+        """The thread count for the next op of the step in progress."""
+        if self._deadline is not None and time.perf_counter() > self._deadline:
+            stats, setting, started = self._running
+            stats.record(setting, time.perf_counter() - started, self.SMOOTHING)  # a lower bound: enough
+            self._running = self._deadline = None
+            self.current = 1
         return self.current
 
     def end(self) -> None:
+        self._deadline = None
         if self._running is None:
             return
         stats, setting, started = self._running
@@ -88,7 +107,7 @@ class _StepStats:
     def __init__(self, interval: int):
         self.average: dict[int, float] = {}
         self.steps = 0
-        self.next_try = 3  # the first try of one thread, after two warm steps
+        self.next_try = 3  # the first try of all threads, after two steps on one
         self.interval = interval
         self.tried_best = None  # the best setting when the last try was made
         self.trying = None  # the setting of the step in progress, when it is a try
@@ -96,7 +115,7 @@ class _StepStats:
     def best(self, threads: int) -> int:
         many, one = self.average.get(threads), self.average.get(1)
         if many is None or one is None:
-            return threads
+            return 1
         return threads if many <= one else 1
 
     def next_setting(self, threads: int, base_interval: int, max_interval: int) -> int:
