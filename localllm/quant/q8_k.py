@@ -628,15 +628,15 @@ SPREAD_MAX_BYTES = 32768  # the largest spread layout (pq + pd + ps) the driver 
 
 @exact_kernel
 def pair_activations(qs, d, s, zero, pq, pd, ps):
-    """Fill pq, pd, ps (as above; [P, ...] with P = T // 2; the layout from pd's width) from the q8_0
-    activation rows qs int8[T, K], d float32[T, nb], s int32[T, nb]; zero: the weight type's zero point
-    (0 for none)."""
+    """Fill pq, pd, ps (as above; [P, ...] with P = (T + 1) // 2, an odd last row paired with itself; the
+    layout from pd's width) from the q8_0 activation rows qs int8[T, K], d float32[T, nb], s int32[T, nb];
+    zero: the weight type's zero point (0 for none)."""
     n_blocks = d.shape[1]
     width = pd.shape[1] // max(n_blocks, 1) // 2  # lanes per row: 8 (spread) or 1 (compact)
     for p in range(pq.shape[0]):
         for b in range(n_blocks):
             for half in range(2):
-                t = 2 * p + half
+                t = min(2 * p + half, qs.shape[0] - 1)
                 for j in range(32):
                     pq[p, 64 * b + 32 * half + j] = qs[t, 32 * b + j]
                 at = 2 * width * b + width * half

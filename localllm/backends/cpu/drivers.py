@@ -77,6 +77,12 @@ def matvec_rows(weights, out, {args}):
 '''
 
 
+# A type module's ONE_ROW_MIN_BYTES (default: never) is the matrix size from which its matvec goes row by
+# row instead: Q8_0's one-row kernel streams a matrix far larger than the caches faster than dot_4x1's
+# four rows at once (Gemma 3's 178 MB output matrix, 1 thread: 41 against 36 GB/s), which stays ahead on
+# matrices that fit and on the other types (measured Q4_0, Q5_0: the four-row kernels win at every size).
+ONE_ROW_NEVER = 1 << 62
+
 # For the types whose module has grid dot kernels (dot_4x1, dot_1x4: several dot products at once, each
 # equal to vec_dot's bit for bit, see quant.q8_k.grid_dot_intrinsic), the same drivers built on them:
 # four weight rows per step in the matvec (four independent float add chains instead of one: the Q8_0
@@ -93,7 +99,12 @@ from {module} import dequantize_row, dot_1x4, dot_4x1, vec_dot
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath=True)
 def matvec(weights, out, qs, d, s):
     """weights uint8[N, row_bytes]; the activation (qs, d, s) in the q8_0 pairing format; out float32[N].
-    Rows four at a time (dot_4x1), the last N % 4 one by one; out[r] is vec_dot's value either way."""
+    Rows four at a time (dot_4x1), the last N % 4 one by one; a matrix of at least {one_row_min_bytes}
+    bytes row by row (vec_dot); out[r] is vec_dot's value either way."""
+    if weights.size >= {one_row_min_bytes}:
+        for r in prange(weights.shape[0]):
+            out[r] = vec_dot(weights[r], qs, d, s)
+        return
     n_blocks = d.shape[0]
     groups = weights.shape[0] // 4
     for g in prange(groups):
@@ -133,11 +144,16 @@ def matvec_rows(weights, out, qs, d, s):
     \"\"\"weights uint8[N, row_bytes]; out float32[T, N]; the activations (qs, d, s) [T, ...] in the q8_0
     pairing format, rearranged into pairs once (pair_activations: the spread layout while it is at most
     SPREAD_MAX_BYTES, else the compact one), then each weight row is dotted with them eight rows at a
-    time, then four, then two, an odd last row alone; every out[t, r] equals the one-row matvec's, so
-    a row's result does not depend on T (the server's batched decode).\"\"\"
+    time, then four, then two; an odd last row is paired with itself (both halves give its value). Every
+    out[t, r] equals the one-row matvec's, so a row's result does not depend on T (batched decode).
+    One row is the one-row matvec itself.\"\"\"
     n_blocks = d.shape[1]
     n_rows = out.shape[0]
-    pairs = n_rows // 2
+    if n_rows == 1:
+        matvec(weights, out[0], qs[0], d[0], s[0])
+        return
+    pairs = (n_rows + 1) // 2
+    last = n_rows - 1  # with T odd, the last pair is row T - 1 twice: both results land in out[T - 1]
     spread = pairs * n_blocks * 192 <= SPREAD_MAX_BYTES
     width = 16 if spread else 2
     pq = aligned_rows(np.empty(pairs * n_blocks * 64 + 64, dtype=np.int8), pairs)
@@ -147,30 +163,27 @@ def matvec_rows(weights, out, qs, d, s):
     eights = pairs // 4
     fours = (pairs - 4 * eights) // 2
     twos = pairs - 4 * eights - 2 * fours
-    done = 2 * pairs
     for r in prange(weights.shape[0]):
         for g in range(eights):
             t = 8 * g
             if spread:
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r],
-                 out[t + 4, r], out[t + 5, r], out[t + 6, r], out[t + 7, r]) = dot_spread_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
+                 out[t + 6, r], out[min(t + 7, last), r]) = dot_spread_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
             else:
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r],
-                 out[t + 4, r], out[t + 5, r], out[t + 6, r], out[t + 7, r]) = dot_pairs_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
+                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
+                 out[t + 6, r], out[min(t + 7, last), r]) = dot_pairs_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
         if fours:
             t = 8 * eights
             if spread:
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_spread_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
+                out[t, r], out[t + 1, r], out[t + 2, r], out[min(t + 3, last), r] = dot_spread_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
             else:
-                out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r] = dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
+                out[t, r], out[t + 1, r], out[t + 2, r], out[min(t + 3, last), r] = dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
         if twos:
-            t = 8 * eights + 4 * fours
+            t = 2 * pairs - 2
             if spread:
-                out[t, r], out[t + 1, r] = dot_spread_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
+                out[t, r], out[min(t + 1, last), r] = dot_spread_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
             else:
-                out[t, r], out[t + 1, r] = dot_pairs_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
-        for t in range(done, n_rows):
-            out[t, r] = vec_dot(weights[r], qs[t], d[t], s[t])
+                out[t, r], out[min(t + 1, last), r] = dot_pairs_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
 """
 
 PAIRS_HEADER = """import numpy as np
@@ -222,7 +235,8 @@ def has_pair_kernels(qt) -> bool:
 def _grid_source(qt) -> str:
     """GRID_TEMPLATE, its matvec_rows replaced by PAIRS_ROWS_TEMPLATE's where the type has pair kernels."""
     module = qt.dequantize_row.py_func.__module__
-    source = GRID_TEMPLATE.format(name=qt.name, module=module)
+    one_row = getattr(_module(qt), "ONE_ROW_MIN_BYTES", ONE_ROW_NEVER)
+    source = GRID_TEMPLATE.format(name=qt.name, module=module, one_row_min_bytes=one_row)
     if not has_pair_kernels(qt):
         return source
     imports = source.index("from " + module)
