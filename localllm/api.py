@@ -33,6 +33,17 @@ class MemoryEstimate:
         return self.weights_bytes + self.kv_bytes
 
 
+def read_ahead_if_small(reader: GGUFReader) -> bool:
+    """Have the kernel read the model file ahead into the page cache when it takes under half the
+    available memory (so a model that barely fits does not push out what it needs).
+
+    Why: the CPU backend computes on the weights where they lie in the mapping, so a file that is not in
+    the page cache is read 4 KiB fault by fault during the first forward pass, a layer at a time.
+    Measured, Llama-3-8B-shaped file (4.9 GB) evicted from the cache beforehand: first 64-token prefill
+    27 s with the advice, 67-110 s without (a loaded machine; the second pass 49-84 s either way)."""
+    return reader.file_size < available_memory() // 2 and reader.read_ahead()
+
+
 def available_memory() -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -229,5 +240,5 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
         reader.close()
         raise
     if ops.name == "cpu":  # the CPU backend computes on the mapping itself
-        reader.read_ahead()
+        read_ahead_if_small(reader)
     return Model(path, reader, decoder, tokenizer, ops, memory)

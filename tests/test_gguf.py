@@ -346,17 +346,20 @@ def test_written_files_follow_the_umask(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o644
 
 
-def test_read_ahead_only_for_files_well_under_available_memory(gemma_path, monkeypatch):
-    from localllm.gguf import reader as reader_module
 
-    assert reader_module._available_memory() > 0  # /proc/meminfo is read on Linux
+def test_read_ahead_only_for_files_well_under_available_memory(gemma_path, monkeypatch):
+    from localllm import api
+
+    assert api.available_memory() > 0
     reader = GGUFReader(gemma_path)
     try:
-        monkeypatch.setattr(reader_module, "_available_memory", lambda: 4 * reader.file_size)
-        assert reader.read_ahead()
-        monkeypatch.setattr(reader_module, "_available_memory", lambda: reader.file_size)  # would take half
-        assert not reader.read_ahead()
-        monkeypatch.setattr(reader_module, "_available_memory", lambda: 0)  # unknown
-        assert not reader.read_ahead()
+        asked = []
+        monkeypatch.setattr(reader, "read_ahead", lambda: asked.append(1) or True)
+        monkeypatch.setattr(api, "available_memory", lambda: 4 * reader.file_size)
+        assert api.read_ahead_if_small(reader) and asked == [1]
+        monkeypatch.setattr(api, "available_memory", lambda: reader.file_size)  # it would take half
+        assert not api.read_ahead_if_small(reader) and asked == [1]
+        monkeypatch.undo()
+        assert reader.read_ahead()  # the advice itself is accepted by the kernel
     finally:
         reader.close()

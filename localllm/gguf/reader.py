@@ -369,16 +369,11 @@ class GGUFReader:
     # -- lifetime ---------------------------------------------------------------------------------------------
     def read_ahead(self) -> bool:
         """Ask the kernel to start reading the whole file into the page cache (madvise WILLNEED: it
-        returns at once, the reads run in the background). Only when the file is under half of the
-        memory available, so a model that barely fits does not push out what it needs. Returns whether
-        it asked.
-
-        Why: the weights are used where they lie in the mapping, so a file that is not in the page cache
-        is read 4 KiB fault by fault during the first forward pass, a layer at a time. Measured, Llama-3-8B-
-        shaped file (4.9 GB) evicted from the cache beforehand: first 64-token prefill 27 s with the
-        advice, 67-110 s without (a loaded machine; the second pass 49-84 s either way)."""
+        returns at once, the reads run in the background). Returns whether it could ask. The caller
+        decides whether the file is small enough to be worth it (localllm.load: under half the
+        available memory)."""
         advice = getattr(mmap, "MADV_WILLNEED", None)
-        if advice is None or self._mmap is None or self.file_size > _available_memory() // 2:
+        if advice is None or self._mmap is None:
             return False
         try:
             self._mmap.madvise(advice)
@@ -407,15 +402,3 @@ class GGUFReader:
 
     def __repr__(self) -> str:
         return f"GGUFReader({str(self.path)!r}, v{self.version}, {len(self.metadata)} keys, {len(self.tensors)} tensors)"
-
-
-def _available_memory() -> int:
-    """MemAvailable from /proc/meminfo in bytes (0 where unknown: then no read-ahead)."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
