@@ -25,6 +25,7 @@ Pairs with q8_k activations. The quantizer is llama.cpp's quantize_row_q4_K_ref 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 
@@ -195,27 +196,63 @@ def emit_mins_sum(v: VectorCode, mins, asum_type, asum, group):
     return v.sum(v.mul(mins, pair_sums))
 
 
+def emit_scale_min_codes(v: VectorCode, w_type, w, offset):
+    """The 12 packed bytes at w[offset:] -> <16 x i8>: the 8 scales then the 8 mins (what
+    scale_min_words returns, as one vector): the kmask unpacking on the four 32-bit words [low, mid,
+    high, -] at once (the 16-byte load reads 4 bytes past the scales, inside the block)."""
+    builder = v.builder
+    raw = v.bitcast(v.load(w_type, w, offset, 16), 4, 32)  # low, mid, high, (the first quants)
+    fields = v.shuffle(raw, [0, 2, 1, 2])  # low, high, mid, high
+    tops = v.shuffle(raw, [0, 0, 1, 1])  # -, low, -, mid
+    i32x4 = v.vector_type(4, 32)
+    bottom = builder.and_(v.shr(fields, [0, 0, 0, 4]), ir.Constant(i32x4, [0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F]))
+    top = builder.and_(v.shr(tops, [0, 6, 0, 6]), ir.Constant(i32x4, [0, 0x03030303, 0, 0x03030303]))
+    return v.bitcast(v.or_(bottom, v.shl(top, 4)), 16, 8)
+
+
 @intrinsic
-def block_sums(typingctx, w, base, aqs, a, asum, group, words):
+def block_sums(typingctx, w, base, aqs, a, asum, group):
     """(sum_k scale_k * <q_k, a_k>, sum_k min_k * <1, a_k>) for the block at w[base:], against
-    aqs[a : a+256] and the 16-element sums asum[group : group+16]; both int32. `words` holds the
-    block's scales and mins as scale_min_words returns them."""
-    sig = types.UniTuple(types.int32, 2)(w, base, aqs, a, asum, group, words)
+    aqs[a : a+256] and the 16-element sums asum[group : group+16]; both int32.
+
+    Where the target has AVX-512 BW, a pair of sub-blocks (32 packed bytes, 64 weights) is one 512-bit
+    step: the nibbles split (one gf2p8affineqb with GFNI), vpmaddubsw against the 64 activation bytes,
+    vpmaddwd by the two sub-blocks' scales; the mins' products are 16 lanes (min_k times asum[2k] and
+    asum[2k+1]), and both sums come out of one halving tree. Elsewhere 256-bit steps per sub-block.
+    The integers are the same either way (wrapping int32 sums, in any order)."""
+    sig = types.UniTuple(types.int32, 2)(w, base, aqs, a, asum, group)
 
     def codegen(context, builder, signature, args):
-        w_, base_, aqs_, a_, asum_, group_, words_ = args
+        w_, base_, aqs_, a_, asum_, group_ = args
+        wt, at, st = signature.args[0], signature.args[2], signature.args[4]
         v = VectorCode(context, builder)
-        words = [builder.extract_value(words_, i) for i in range(4)]
-        scale_vectors, mins = emit_scales_and_mins(v, words)
+        codes = emit_scale_min_codes(v, wt, w_, v.offset(base_, _SCALES))
+        codes16 = v.widen(codes, 16, signed=False)
+        sums = v.load(st, asum_, group_, 16)
+        if v.avx512_bw:
+            acc = None
+            for c in range(N_SUB // 2):
+                quants = v.bit_fields_wide(
+                    v.load(wt, w_, v.offset(base_, _QS + SUB * c), SUB),
+                    {j: j for j in range(4)},
+                    {j: j + 4 for j in range(4)},
+                )
+                acts = v.load(at, aqs_, v.offset(a_, 2 * SUB * c), 2 * SUB)
+                scales = v.shuffle(codes16, [2 * c] * 16 + [2 * c + 1] * 16)
+                acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(quants, acts), scales))
+            mins = v.widen(v.shuffle(codes, [8 + g // 2 for g in range(16)]), 32, signed=False)
+            scaled, mins_sum = v.sum_two(acc, v.mul(mins, sums))
+            return context.make_tuple(builder, signature.return_type, [scaled, mins_sum])
         acc = None
         for c in range(N_SUB // 2):
-            packed = v.load(signature.args[0], w_, v.offset(base_, _QS + SUB * c), SUB)
+            packed = v.load(wt, w_, v.offset(base_, _QS + SUB * c), SUB)
             for half, quants in enumerate((v.and_(packed, 15), v.shr(packed, 4))):
                 k = 2 * c + half
-                acts = v.load(signature.args[2], aqs_, v.offset(a_, SUB * k), SUB)
-                acc = v.add(acc, v.scale_pairs(v.dot_pairs(quants, acts), scale_vectors[k]))
-        mins_sum = emit_mins_sum(v, mins, signature.args[4], asum_, group_)
-        return context.make_tuple(builder, signature.return_type, [v.sum(acc), mins_sum])
+                acts = v.load(at, aqs_, v.offset(a_, SUB * k), SUB)
+                acc = v.add(acc, v.scale_pairs(v.dot_pairs(quants, acts), v.shuffle(codes16, [k] * 16)))
+        mins = v.widen(v.shuffle(codes, range(8, 16)), 32, signed=False)
+        pair_sums = builder.add(v.shuffle(sums, range(0, 16, 2)), v.shuffle(sums, range(1, 16, 2)))
+        return context.make_tuple(builder, signature.return_type, [v.sum(acc), v.sum(v.mul(mins, pair_sums))])
 
     return sig, codegen
 
@@ -238,8 +275,7 @@ def vec_dot(w, aqs, ad, asum):
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
-        words = scale_min_words(w, base + _SCALES)
-        scaled, mins = block_sums(w, base, aqs, b * BLOCK, asum, b * (BLOCK // 16), words)
+        scaled, mins = block_sums(w, base, aqs, b * BLOCK, asum, b * (BLOCK // 16))
         acc = accumulate(acc, ad[b], read_f16(w, base + _D), read_f16(w, base + _DMIN), scaled, mins)
     return acc
 
@@ -256,13 +292,12 @@ def vec_dot_1x4(w, aqs, ad, asum, t):
     acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
     for b in range(n // BLOCK):
         base = b * BLOCK_BYTES
-        words = scale_min_words(w, base + _SCALES)
         d, dmin = read_f16(w, base + _D), read_f16(w, base + _DMIN)
         a, g = t * n + b * BLOCK, t * groups + b * (BLOCK // 16)
-        s0, m0 = block_sums(w, base, qs, a, sums, g, words)
-        s1, m1 = block_sums(w, base, qs, a + n, sums, g + groups, words)
-        s2, m2 = block_sums(w, base, qs, a + 2 * n, sums, g + 2 * groups, words)
-        s3, m3 = block_sums(w, base, qs, a + 3 * n, sums, g + 3 * groups, words)
+        s0, m0 = block_sums(w, base, qs, a, sums, g)
+        s1, m1 = block_sums(w, base, qs, a + n, sums, g + groups)
+        s2, m2 = block_sums(w, base, qs, a + 2 * n, sums, g + 2 * groups)
+        s3, m3 = block_sums(w, base, qs, a + 3 * n, sums, g + 3 * groups)
         acc0 = accumulate(acc0, ad[t, b], d, dmin, s0, m0)
         acc1 = accumulate(acc1, ad[t + 1, b], d, dmin, s1, m1)
         acc2 = accumulate(acc2, ad[t + 2, b], d, dmin, s2, m2)

@@ -148,6 +148,27 @@ def block_sum(typingctx, w, base, aqs, a, asum, group):
         v = VectorCode(context, builder)
         scales = v.load(wt, w_, v.offset(base_, _SCALES), N_GROUPS)  # int8 scales
         scales16 = v.widen(scales, 16)
+        sums = v.load(st, asum_, group_, N_GROUPS)
+        offsets = v.mul(v.widen(scales, 32), sums)
+        if v.avx512_bw:
+            # 64 weights a step: ql[64h : 64h + 64] holds the low bits of elements 128h .. 128h + 63 in its
+            # low nibbles and of 128h + 64 .. 128h + 127 in its high nibbles; their high bits are bit
+            # pairs 0, 1, 2, 3 of qh[32h : 32h + 32], moved to bits 4-5 (bit_fields_wide).
+            acc = None
+            for h in range(2):
+                low = v.load(wt, w_, v.offset(base_, _QL + 64 * h), 64)
+                high = v.load(wt, w_, v.offset(base_, _QH + 32 * h), 32)
+                quants = (
+                    v.or_(v.and_(low, 15), v.bit_fields_wide(high, {4: 0, 5: 1}, {4: 2, 5: 3})),
+                    v.or_(v.shr(low, 4), v.bit_fields_wide(high, {4: 4, 5: 5}, {4: 6, 5: 7})),
+                )
+                for j, u in enumerate(quants):
+                    g = 8 * h + 4 * j  # the 64 elements are groups g .. g+3
+                    acts = v.load(at, aqs_, v.offset(a_, 128 * h + 64 * j), 64)
+                    group_scales = v.shuffle(scales16, [g + i // 8 for i in range(32)])
+                    acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(u, acts), group_scales))
+            # sum(acc) - 32 * sum(offsets), lane by lane: the same wrapping int32 total
+            return v.sum(builder.sub(acc, v.shl(offsets, 5)))
         acc = None
         for h in range(2):
             low = v.load(wt, w_, v.offset(base_, _QL + 64 * h), 32)
@@ -164,8 +185,7 @@ def block_sum(typingctx, w, base, aqs, a, asum, group):
                 acts = v.load(at, aqs_, v.offset(a_, 128 * h + 32 * i), 32)
                 group_scales = v.shuffle(scales16, [g] * 8 + [g + 1] * 8)
                 acc = v.add(acc, v.scale_pairs(v.dot_pairs(u, acts), group_scales))
-        sums = v.load(st, asum_, group_, N_GROUPS)
-        offset = v.sum(v.mul(v.widen(scales, 32), sums))
+        offset = v.sum(offsets)
         return builder.sub(v.sum(acc), builder.mul(offset, ir.Constant(offset.type, 32)))
 
     return sig, codegen

@@ -152,6 +152,11 @@ def _target_has_gfni(context) -> bool:
     return VECTOR_ISA == "auto" and {"+gfni", "+avx2"} <= _target_features(context)
 
 
+def _target_has_avx512_bw(context) -> bool:
+    """Byte and word multiply-adds on 512-bit vectors (vpmaddubsw / vpmaddwd zmm): AVX-512 F and BW."""
+    return VECTOR_ISA == "auto" and {"+avx512f", "+avx512bw"} <= _target_features(context)
+
+
 def _target_has_avx512_masks(context) -> bool:
     """Byte-lane masks (k registers) for 256-bit vectors: AVX-512 BW with VL."""
     return VECTOR_ISA == "auto" and {"+avx512bw", "+avx512vl"} <= _target_features(context)
@@ -168,6 +173,7 @@ class VectorCode:
         self.avx512_masks = _target_has_avx512_masks(context)
         self.gfni = _target_has_gfni(context)
         self.avx512_vnni = _target_has_avx512_vnni(context)
+        self.avx512_bw = _target_has_avx512_bw(context)
 
     # -- construction --
 
@@ -413,6 +419,72 @@ class VectorCode:
         sums = self.scale_pairs(self.dot_pairs_signed(x, y), self.constant(1, 16, 16))
         return sums if start is None else self.builder.add(start, sums)
 
+
+    # -- 64 bytes at a time (the K-quants' super-blocks): dot_pairs / scale_pairs on 512-bit vectors where
+    # the target has AVX-512 BW (one instruction for two 32-weight sub-blocks), else on two 256-bit halves;
+    # the lanes are the same integers either way --
+
+    def dot_pairs_wide(self, unsigned_bytes, signed_bytes):
+        """<64 x i8> (as unsigned, <= 127) * <64 x i8> (signed) -> <32 x i16>: adjacent products summed."""
+        if self.avx512_bw:
+            args = [unsigned_bytes, signed_bytes]
+            return self._x86("llvm.x86.avx512.pmaddubs.w.512", args, self.vector_type(32, 16))
+        halves = [
+            self.dot_pairs(self.shuffle(unsigned_bytes, range(32 * i, 32 * i + 32)), self.shuffle(signed_bytes, range(32 * i, 32 * i + 32)))
+            for i in range(2)
+        ]
+        return self.join(*halves)
+
+    def scale_pairs_wide(self, pairs, scales):
+        """<32 x i16> * <32 x i16> -> <16 x i32>: adjacent products summed."""
+        if self.avx512_bw:
+            return self._x86("llvm.x86.avx512.pmaddw.d.512", [pairs, scales], self.vector_type(16, 32))
+        halves = [
+            self.scale_pairs(self.shuffle(pairs, range(16 * i, 16 * i + 16)), self.shuffle(scales, range(16 * i, 16 * i + 16)))
+            for i in range(2)
+        ]
+        return self.join(*halves)
+
+    def bit_fields_wide(self, vec, low_bits, high_bits):
+        """vec (<32 x i8>) -> <64 x i8>: in the first 32 lanes bits low_bits[j] of each byte moved to bit
+        j, in the last 32 bits high_bits[j] (every other bit 0). With GFNI (and AVX-512 BW) one
+        gf2p8affineqb on vec in both halves, whose bit matrix is per 64-bit lane; else masks and shifts."""
+        if self.gfni and self.avx512_bw:
+            both = self.join(vec, vec)
+            matrix = []
+            for fields in (low_bits, high_bits):
+                rows = [0] * 8  # result bit i = parity(matrix byte 7 - i AND x)
+                for j, bit in fields.items():
+                    rows[7 - j] = 1 << bit
+                matrix += rows * 4
+            return self._x86("llvm.x86.vgf2p8affineqb.512", [both, ir.Constant(both.type, matrix), ir.Constant(ir.IntType(8), 0)], both.type)
+        halves = []
+        for fields in (low_bits, high_bits):
+            masks = {}  # bits moved by the same distance: one mask and one shift
+            for j, bit in fields.items():
+                masks[j - bit] = masks.get(j - bit, 0) | 1 << bit
+            result = None
+            for move, mask in masks.items():
+                field = self.and_(vec, mask)
+                field = self.shl(field, move) if move > 0 else self.shr(field, -move) if move < 0 else field
+                result = field if result is None else self.or_(result, field)
+            halves.append(result)
+        return self.join(*halves)
+
+    def sum_two(self, a, b):
+        """The (wrapping) lane sums of two integer vectors of one type, by one halving tree for both."""
+        builder = self.builder
+        lanes = a.type.count
+        vec = builder.add(
+            builder.shuffle_vector(a, b, self._lane_list(list(range(lanes // 2)) + list(range(lanes, lanes + lanes // 2)))),
+            builder.shuffle_vector(a, b, self._lane_list(list(range(lanes // 2, lanes)) + list(range(lanes + lanes // 2, 2 * lanes)))),
+        )
+        while vec.type.count > 2:  # lanes [a's | b's], each half halved in place
+            quarter = vec.type.count // 4
+            first = [i for h in (0, 2 * quarter) for i in range(h, h + quarter)]
+            vec = builder.add(self.shuffle(vec, first), self.shuffle(vec, [i + quarter for i in first]))
+        i32 = ir.IntType(32)
+        return builder.extract_element(vec, i32(0)), builder.extract_element(vec, i32(1))
 
     # -- whole rows: float accumulation across blocks, as llama.cpp's AVX2 kernels do --
 
