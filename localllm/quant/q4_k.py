@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import QuantType
@@ -238,7 +239,7 @@ def block_sums(typingctx, w, base, aqs, a, asum, group):
                     {j: j + 4 for j in range(4)},
                 )
                 acts = v.load(at, aqs_, v.offset(a_, 2 * SUB * c), 2 * SUB)
-                scales = v.shuffle(codes16, [2 * c] * 16 + [2 * c + 1] * 16)
+                scales = v.pick_words(v.shuffle(codes16, range(8)), [2 * c] * 16 + [2 * c + 1] * 16)
                 acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(quants, acts), scales))
             mins = v.widen(v.shuffle(codes, [8 + g // 2 for g in range(16)]), 32, signed=False)
             scaled, mins_sum = v.sum_two(acc, v.mul(mins, sums))
@@ -257,11 +258,37 @@ def block_sums(typingctx, w, base, aqs, a, asum, group):
     return sig, codegen
 
 
-@exact_kernel
-def accumulate(acc, a_scale, d, dmin, scaled, mins):
-    """acc + ad * (d * scaled - dmin * mins): a super-block's float step, as IEEE operations in this order
-    (no fast-math: vec_dot and vec_dot_1x4 inline it, and must round alike)."""
-    return acc + a_scale * (d * np.float32(scaled) - dmin * np.float32(mins))
+# Flags of the float step's multiply: a flag that permits nothing here (no division), so that Numba's
+# fast-math pass, which flags every unflagged float operation of a fast kernel, leaves it alone.
+NO_FAST_MATH = ("arcp",)
+
+
+@intrinsic
+def accumulate(typingctx, acc, a_scale, w, base, scaled, mins):
+    """fma(ad, fma(d, scaled, -(dmin * mins)), acc), d and dmin the float16 fields of the block at
+    w[base:]: a super-block's float step, each fma rounded once, stated as such. (Written as
+    acc + ad * (d * scaled - dmin * mins) it had compiled to these two fmas, by LLVM's choice; the
+    results stay those bit for bit, now in every kernel that inlines it.) d and dmin come from one
+    4-byte load converted as a vector (a lone half was loaded with vpinsrw, merging into the register
+    of the float accumulator: a false dependency on the previous block's step)."""
+    sig = types.float32(acc, a_scale, w, base, scaled, mins)
+
+    def codegen(context, builder, signature, args):
+        acc_, ad_, w_, base_, scaled_, mins_ = args
+        v = VectorCode(context, builder)
+        f32 = ir.FloatType()
+        data = v._data(signature.args[2], w_)
+        pointer = builder.bitcast(builder.gep(data, [v.offset(base_, _D)]), ir.VectorType(ir.IntType(16), 2).as_pointer())
+        halves = builder.bitcast(builder.load(pointer, align=1), ir.VectorType(ir.HalfType(), 2))
+        d_dmin = builder.fpext(halves, ir.VectorType(f32, 2))
+        d = builder.extract_element(d_dmin, ir.Constant(ir.IntType(32), 0))
+        dmin = builder.extract_element(d_dmin, ir.Constant(ir.IntType(32), 1))
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        mins_term = builder.fmul(dmin, builder.sitofp(mins_, f32), flags=NO_FAST_MATH)
+        step = builder.call(fma, [d, builder.sitofp(scaled_, f32), builder.fneg(mins_term, flags=NO_FAST_MATH)])
+        return builder.call(fma, [ad_, step, acc_])
+
+    return sig, codegen
 
 
 @fast_kernel
@@ -270,13 +297,13 @@ def vec_dot(w, aqs, ad, asum):
 
     Per super-block, in integers: sum_k scale_k * <q_k, a_k> (block_sums: two multiply-adds per 32
     weights), and the mins through the activation's 16-element sums: sum_k min_k * (asum[2k] +
-    asum[2k+1]). Only then the floats: ad * (d * scaled - dmin * mins).
+    asum[2k+1]). Only then the floats: fma(ad, fma(d, scaled, -(dmin * mins)), acc) (accumulate).
     """
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
         scaled, mins = block_sums(w, base, aqs, b * BLOCK, asum, b * (BLOCK // 16))
-        acc = accumulate(acc, ad[b], read_f16(w, base + _D), read_f16(w, base + _DMIN), scaled, mins)
+        acc = accumulate(acc, ad[b], w, base, scaled, mins)
     return acc
 
 
@@ -292,16 +319,15 @@ def vec_dot_1x4(w, aqs, ad, asum, t):
     acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
     for b in range(n // BLOCK):
         base = b * BLOCK_BYTES
-        d, dmin = read_f16(w, base + _D), read_f16(w, base + _DMIN)
         a, g = t * n + b * BLOCK, t * groups + b * (BLOCK // 16)
         s0, m0 = block_sums(w, base, qs, a, sums, g)
         s1, m1 = block_sums(w, base, qs, a + n, sums, g + groups)
         s2, m2 = block_sums(w, base, qs, a + 2 * n, sums, g + 2 * groups)
         s3, m3 = block_sums(w, base, qs, a + 3 * n, sums, g + 3 * groups)
-        acc0 = accumulate(acc0, ad[t, b], d, dmin, s0, m0)
-        acc1 = accumulate(acc1, ad[t + 1, b], d, dmin, s1, m1)
-        acc2 = accumulate(acc2, ad[t + 2, b], d, dmin, s2, m2)
-        acc3 = accumulate(acc3, ad[t + 3, b], d, dmin, s3, m3)
+        acc0 = accumulate(acc0, ad[t, b], w, base, s0, m0)
+        acc1 = accumulate(acc1, ad[t + 1, b], w, base, s1, m1)
+        acc2 = accumulate(acc2, ad[t + 2, b], w, base, s2, m2)
+        acc3 = accumulate(acc3, ad[t + 3, b], w, base, s3, m3)
     return acc0, acc1, acc2, acc3
 
 

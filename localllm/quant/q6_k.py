@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import QuantType
@@ -165,7 +166,7 @@ def block_sum(typingctx, w, base, aqs, a, asum, group):
                 for j, u in enumerate(quants):
                     g = 8 * h + 4 * j  # the 64 elements are groups g .. g+3
                     acts = v.load(at, aqs_, v.offset(a_, 128 * h + 64 * j), 64)
-                    group_scales = v.shuffle(scales16, [g + i // 8 for i in range(32)])
+                    group_scales = v.pick_words(v.shuffle(scales16, range(8 * h, 8 * h + 8)), [4 * j + i // 8 for i in range(32)])
                     acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(u, acts), group_scales))
             # sum(acc) - 32 * sum(offsets), lane by lane: the same wrapping int32 total
             return v.sum(builder.sub(acc, v.shl(offsets, 5)))
@@ -195,21 +196,35 @@ def block_sum(typingctx, w, base, aqs, a, asum, group):
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*210] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation.
 
-    All integer work of a super-block is one block_sum; the floats once per block: ad * d * sum.
+    All integer work of a super-block is one block_sum; the floats once per block: fma(ad * d, sum, acc).
     """
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
         total = block_sum(w, base, aqs, b * BLOCK, asum, b * N_GROUPS)
-        acc = accumulate(acc, ad[b], read_f16(w, base + _D), total)
+        acc = accumulate(acc, ad[b], w, base, total)
     return acc
 
 
-@exact_kernel
-def accumulate(acc, a_scale, d, total):
-    """acc + ad * d * total: a super-block's float step, as IEEE operations in this order (no fast-math:
-    vec_dot and vec_dot_1x4 inline it, and must round alike)."""
-    return acc + a_scale * d * np.float32(total)
+@intrinsic
+def accumulate(typingctx, acc, a_scale, w, base, total):
+    """fma(ad * d, total, acc), d the float16 field of the block at w[base:]: a super-block's float
+    step, the fma rounded once, stated as such. (Written as acc + ad * d * total it had compiled to this
+    fma, by LLVM's choice; the results stay those bit for bit, now in every kernel that inlines it.)"""
+    sig = types.float32(acc, a_scale, w, base, total)
+
+    def codegen(context, builder, signature, args):
+        acc_, ad_, w_, base_, total_ = args
+        v = VectorCode(context, builder)
+        f32 = ir.FloatType()
+        d = builder.extract_element(v.load_f16_splat(signature.args[2], w_, v.offset(base_, _D), 4), ir.Constant(ir.IntType(32), 0))
+        # (LLVM still loads the half with vpinsrw into the accumulator's register, whatever form the load
+        # takes here: a dependency on the previous block's step, shorter than a block's integer work.)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        scale = builder.fmul(ad_, d, flags=("arcp",))  # a flag that permits nothing here: no fast-math
+        return builder.call(fma, [scale, builder.sitofp(total_, f32), acc_])
+
+    return sig, codegen
 
 
 @fast_kernel
@@ -224,12 +239,11 @@ def vec_dot_1x4(w, aqs, ad, asum, t):
     acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
     for b in range(n // BLOCK):
         base = b * BLOCK_BYTES
-        d = read_f16(w, base + _D)
         a, g = t * n + b * BLOCK, t * groups + b * N_GROUPS
-        acc0 = accumulate(acc0, ad[t, b], d, block_sum(w, base, qs, a, sums, g))
-        acc1 = accumulate(acc1, ad[t + 1, b], d, block_sum(w, base, qs, a + n, sums, g + groups))
-        acc2 = accumulate(acc2, ad[t + 2, b], d, block_sum(w, base, qs, a + 2 * n, sums, g + 2 * groups))
-        acc3 = accumulate(acc3, ad[t + 3, b], d, block_sum(w, base, qs, a + 3 * n, sums, g + 3 * groups))
+        acc0 = accumulate(acc0, ad[t, b], w, base, block_sum(w, base, qs, a, sums, g))
+        acc1 = accumulate(acc1, ad[t + 1, b], w, base, block_sum(w, base, qs, a + n, sums, g + groups))
+        acc2 = accumulate(acc2, ad[t + 2, b], w, base, block_sum(w, base, qs, a + 2 * n, sums, g + 2 * groups))
+        acc3 = accumulate(acc3, ad[t + 3, b], w, base, block_sum(w, base, qs, a + 3 * n, sums, g + 3 * groups))
     return acc0, acc1, acc2, acc3
 
 

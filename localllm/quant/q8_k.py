@@ -471,6 +471,16 @@ class VectorCode:
             halves.append(result)
         return self.join(*halves)
 
+    def pick_words(self, words8, picks):
+        """<8 x i16> words8 -> <32 x i16>, lane i = words8[picks[i]]. With AVX-512 BW words8 is broadcast
+        to the four 128-bit lanes once (the caller's several picks share it) and each pick is one in-lane
+        vpshufb; elsewhere a shuffle."""
+        if not self.avx512_bw:
+            return self.shuffle(words8, picks)
+        both = self.bitcast(self.shuffle(words8, list(range(8)) * 4), 64, 8)
+        control = ir.Constant(both.type, [2 * picks[i // 2] + i % 2 for i in range(64)])
+        return self.bitcast(self._x86("llvm.x86.avx512.pshuf.b.512", [both, control], both.type), 32, 16)
+
     def sum_two(self, a, b):
         """The (wrapping) lane sums of two integer vectors of one type, by one halving tree for both."""
         builder = self.builder
