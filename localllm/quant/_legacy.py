@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .q8_k import VectorCode, grid_dot_intrinsic, pair_grid_dot_intrinsic
+from .q8_k import VectorCode, grid_dot_intrinsic, pair_grid_dots
 
 BLOCK = 32
 

@@ -17,7 +17,7 @@ from ._legacy import (
     f16_bytes,
     f16_column,
     grid_dot_intrinsic,
-    pair_grid_dot_intrinsic,
+    pair_grid_dots,
     pair_terms_kernel,
     pack_nibbles,
     quantize_symmetric,
@@ -63,12 +63,7 @@ dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
 # against 8, 4 or 2 rows.
 ZERO_POINT = 8
 pair_terms = pair_terms_kernel(BLOCK_BYTES, qs_offset=2)
-dot_pairs_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=False)
-dot_pairs_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=False)
-dot_spread_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=True)
-dot_spread_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=True)
-dot_pairs_1x2 = pair_grid_dot_intrinsic(pair_terms, 1, spread=False)
-dot_spread_1x2 = pair_grid_dot_intrinsic(pair_terms, 1, spread=True)
+dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2 = pair_grid_dots(pair_terms)
 
 
 @fast_kernel

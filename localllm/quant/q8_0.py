@@ -16,7 +16,7 @@ from numba.extending import intrinsic
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
-from .q8_k import VectorCode, as_blocks, as_float_blocks, grid_dot_intrinsic, pair_grid_dot_intrinsic
+from .q8_k import VectorCode, as_blocks, as_float_blocks, grid_dot_intrinsic, pair_grid_dots
 
 BLOCK = 32
 BLOCK_BYTES = 34
@@ -115,12 +115,7 @@ dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
 # Batched decode on activation pairs (q8_k.pair_activations, compact or spread layout): one weight row
 # against 8, 4 or 2 rows.
-dot_pairs_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=False)
-dot_pairs_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=False)
-dot_spread_1x8 = pair_grid_dot_intrinsic(pair_terms, 4, spread=True)
-dot_spread_1x4 = pair_grid_dot_intrinsic(pair_terms, 2, spread=True)
-dot_pairs_1x2 = pair_grid_dot_intrinsic(pair_terms, 1, spread=False)
-dot_spread_1x2 = pair_grid_dot_intrinsic(pair_terms, 1, spread=True)
+dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2 = pair_grid_dots(pair_terms)
 
 
 @fast_kernel

@@ -771,6 +771,14 @@ def pair_grid_dot_intrinsic(pair_terms, n_pairs: int, spread: bool):
     return grid_dot
 
 
+def pair_grid_dots(pair_terms):
+    """The six batched-decode kernels a type's pair_terms gives (one weight row against 8, 4 or 2
+    activation rows, on the compact and on the spread pair layout), in the order
+        dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2
+    (the names the generated drivers import from the type's module)."""
+    return tuple(pair_grid_dot_intrinsic(pair_terms, n_pairs, spread) for spread in (False, True) for n_pairs in (4, 2, 1))
+
+
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., nb*292] -> float32[..., nb*256]."""
     blocks = as_blocks(raw, BLOCK_BYTES, "Q8_K")
