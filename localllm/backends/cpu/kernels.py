@@ -81,37 +81,57 @@ def _axpy_f16(alpha, bits, y):
         y[i] += alpha * f16_to_f32(bits[i])
 
 
+# The work of one (query row, head) lives in its own function, called from the prange loop, rather than
+# written inside the loop: Numba compiles a parallel loop's body into a separate function whose code,
+# with fast-math, came out different in the process that compiled it and in later processes that loaded
+# it from the cache (last-bit differences in the attention output from the first decode step, greedy
+# tokens diverging after ~17 steps of Gemma 3 270M: scripts/check_cold_warm.py). A plain function is
+# compiled alike either way, measured. Both kernels call the same one (the contiguous cache as a single
+# block), so the paged kernel's results equal the contiguous one's by construction.
+@fast_kernel
+def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, row, dst):
+    """dst = softmax(scale * K[first..pos] . qv) @ V[first..pos] for one head, position j of the cache
+    in block table[j // BS], slot j % BS (cache float16 bits [NB, BS, Hkv, D]); row: scores scratch."""
+    block_size = cache_k.shape[1]
+    best = -np.inf
+    for j in range(first, pos + 1):
+        s = _dot_f16(qv, cache_k[table[j // block_size], j % block_size, kvh]) * scale
+        row[j] = s
+        if s > best:
+            best = s
+    total = np.float32(0.0)
+    for j in range(first, pos + 1):
+        e = np.float32(math.exp(row[j] - best))
+        row[j] = e
+        total += e
+    dst[:] = 0.0
+    inv = np.float32(1.0) / total
+    for j in range(first, pos + 1):
+        _axpy_f16(row[j] * inv, cache_v[table[j // block_size], j % block_size, kvh], dst)
+
+
+@numba.njit(cache=True, nogil=True)
+def _first_key(pos, window):
+    """The first position a query at `pos` sees (window 0: the whole context)."""
+    if window > 0 and pos - window + 1 > 0:
+        return pos - window + 1
+    return 0
+
+
 @fast_kernel(parallel=True)
 def attention(q, cache_k, cache_v, start, scale, window, out, scores):
     """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D];
     scores float32[T*Hq, n_keys] scratch with n_keys >= start+T."""
     n_tokens, n_head, head_dim = q.shape
     group = n_head // cache_k.shape[1]
+    one_block = np.zeros(1, dtype=np.int32)  # the whole cache as block 0 of a paged one
+    blocks_k = cache_k.reshape((1,) + cache_k.shape)
+    blocks_v = cache_v.reshape((1,) + cache_v.shape)
     for job in prange(n_tokens * n_head):
         t = job // n_head
         h = job % n_head
-        kvh = h // group
         pos = start + t
-        first = 0
-        if window > 0 and pos - window + 1 > 0:
-            first = pos - window + 1
-        row = scores[job]
-        best = -np.inf
-        for j in range(first, pos + 1):
-            s = _dot_f16(q[t, h], cache_k[j, kvh]) * scale
-            row[j] = s
-            if s > best:
-                best = s
-        total = np.float32(0.0)
-        for j in range(first, pos + 1):
-            e = np.float32(math.exp(row[j] - best))
-            row[j] = e
-            total += e
-        dst = out[t, h]
-        dst[:] = 0.0
-        inv = np.float32(1.0) / total
-        for j in range(first, pos + 1):
-            _axpy_f16(row[j] * inv, cache_v[j, kvh], dst)
+        _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, _first_key(pos, window), pos, scale, scores[job], out[t, h])
 
 
 @fast_kernel(parallel=True)
@@ -120,37 +140,16 @@ def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale
 
     q float32[T, Hq, D]; cache float16 bits uint16[NB, BS, Hkv, D]; tables int32[S, max_blocks];
     row_seq, positions int32[T]; rows int32[R] (indices into T); out float32[T, Hq, D];
-    scores float32[R*Hq, n_keys] scratch, n_keys > max(positions). Per (row, head) the arithmetic is
-    the contiguous kernel's, in the same order, so results are identical to it."""
+    scores float32[R*Hq, n_keys] scratch, n_keys > max(positions). Per (row, head) it runs the
+    contiguous kernel's function (_attend), so results are identical to it."""
     n_head = q.shape[1]
-    block_size = cache_k.shape[1]
     group = n_head // cache_k.shape[2]
     for job in prange(rows.shape[0] * n_head):
         t = rows[job // n_head]
         h = job % n_head
-        kvh = h // group
-        table = tables[row_seq[t]]
         pos = positions[t]
-        first = 0
-        if window > 0 and pos - window + 1 > 0:
-            first = pos - window + 1
-        row = scores[job]
-        best = -np.inf
-        for j in range(first, pos + 1):
-            s = _dot_f16(q[t, h], cache_k[table[j // block_size], j % block_size, kvh]) * scale
-            row[j] = s
-            if s > best:
-                best = s
-        total = np.float32(0.0)
-        for j in range(first, pos + 1):
-            e = np.float32(math.exp(row[j] - best))
-            row[j] = e
-            total += e
-        dst = out[t, h]
-        dst[:] = 0.0
-        inv = np.float32(1.0) / total
-        for j in range(first, pos + 1):
-            _axpy_f16(row[j] * inv, cache_v[table[j // block_size], j % block_size, kvh], dst)
+        _attend(q[t, h], cache_k, cache_v, tables[row_seq[t]], h // group, _first_key(pos, window), pos, scale,
+                scores[job], out[t, h])
 
 
 def gelu_table() -> np.ndarray:
