@@ -20,7 +20,7 @@ from localllm.backends.cpu.drivers import has_grid_kernels, row_drivers
 from localllm.backends.cpu.matmul import BatchActivation, matvec_kernel
 from localllm.errors import TensorError
 from localllm.gguf import GGML_TYPES_BY_NAME
-from localllm.quant import q8_k
+from localllm.quant import vector
 from localllm.quant.activation import QuantizedActivation
 
 DOT_RTOL = 1e-5
@@ -171,15 +171,15 @@ def test_grid_matvec_equals_vec_dot_bit_for_bit(name):
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1"])
 def test_vec_dot_portable_vector_path(name):
-    # These kernels are built from q8_k.VectorCode, which emits AVX2 instructions where the machine has
+    # These kernels are built from vector.VectorCode, which emits AVX2 instructions where the machine has
     # them and portable vector IR elsewhere: compile an uncached copy with the portable path forced.
     rng = np.random.default_rng(6)
     qt = quant.get(name)
     raw = random_rows(name, 4, 512, rng, extremes=False)
     weights = qt.dequantize(raw).astype(np.float64)
     act = QuantizedActivation(qt.act, 512)
-    saved = q8_k.VECTOR_ISA
-    q8_k.VECTOR_ISA = "generic"
+    saved = vector.VECTOR_ISA
+    vector.VECTOR_ISA = "generic"
     try:
         portable = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
         for r in range(raw.shape[0]):
@@ -188,7 +188,7 @@ def test_vec_dot_portable_vector_path(name):
             got = float(portable(raw[r], *args))
             assert abs(got - float(weights[r] @ a)) <= DOT_RTOL * float(np.abs(weights[r] * a).sum()) + 1e-30
     finally:
-        q8_k.VECTOR_ISA = saved
+        vector.VECTOR_ISA = saved
     assert "pmaddubsw" not in portable.inspect_asm(portable.signatures[0])
 
 

@@ -1,4 +1,4 @@
-"""The instruction-set paths of q8_k.VectorCode give the same numbers, bit for bit.
+"""The instruction-set paths of vector.VectorCode give the same numbers, bit for bit.
 
 VectorCode emits, per compile target, VNNI (vpdpbusd), GFNI (nibble split) and AVX-512 mask code where
 the target has them ("auto"), plain AVX2 ("avx2"), or portable vector IR ("generic"). Each path computes
@@ -17,7 +17,7 @@ from test_quant import bits, random_rows
 from localllm import quant
 from localllm.backends.cpu.drivers import drivers, has_grid_kernels, row_drivers
 from localllm.backends.cpu.matmul import BatchActivation
-from localllm.quant import q8_k
+from localllm.quant import vector
 from localllm.quant.activation import QuantizedActivation
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -26,12 +26,12 @@ N = 512
 
 def _run_under(isa, fn, *args):
     """Call fn(*args) with VECTOR_ISA = isa, so that its first call compiles that path."""
-    saved = q8_k.VECTOR_ISA
-    q8_k.VECTOR_ISA = isa
+    saved = vector.VECTOR_ISA
+    vector.VECTOR_ISA = isa
     try:
         return fn(*args)
     finally:
-        q8_k.VECTOR_ISA = saved
+        vector.VECTOR_ISA = saved
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -42,7 +42,7 @@ def test_vec_dot_and_dequantize_equal_on_every_isa(name):
     act = QuantizedActivation(qt.act, N)
     acts = [tuple(a.copy() for a in act.quantize(rng.standard_normal(N).astype(np.float32) * 3)) for _ in range(3)]
     results = {}
-    for isa in q8_k.VECTOR_ISAS:
+    for isa in vector.VECTOR_ISAS:
         dot = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
         deq = numba.njit(error_model="numpy")(qt.dequantize_row.py_func)
         out = np.empty((raw.shape[0], N), dtype=np.float32)
@@ -52,7 +52,7 @@ def test_vec_dot_and_dequantize_equal_on_every_isa(name):
         for r, row in enumerate(raw):
             _run_under(isa, deq, row, out[r])
         results[isa] = (bits(dots), bits(out))
-    for isa in q8_k.VECTOR_ISAS[1:]:
+    for isa in vector.VECTOR_ISAS[1:]:
         np.testing.assert_array_equal(results[isa][0], results["auto"][0], err_msg=f"vec_dot, {isa} vs auto")
         np.testing.assert_array_equal(results[isa][1], results["auto"][1], err_msg=f"dequantize_row, {isa} vs auto")
 
@@ -66,7 +66,7 @@ def test_grid_drivers_equal_on_every_isa(name):
     batch = BatchActivation(qt.act, 6, N).quantize(rng.standard_normal((6, N)).astype(np.float32))
     module = drivers(qt)
     results = {}
-    for isa in q8_k.VECTOR_ISAS:
+    for isa in vector.VECTOR_ISAS:
         matvec = numba.njit(fastmath=True)(module.matvec.py_func)
         matvec_rows = numba.njit(fastmath=True)(module.matvec_rows.py_func)
         one = np.empty(raw.shape[0], dtype=np.float32)
@@ -74,7 +74,7 @@ def test_grid_drivers_equal_on_every_isa(name):
         _run_under(isa, matvec, raw, one, *act)
         _run_under(isa, matvec_rows, raw, many, *batch)
         results[isa] = (bits(one), bits(many))
-    for isa in q8_k.VECTOR_ISAS[1:]:
+    for isa in vector.VECTOR_ISAS[1:]:
         np.testing.assert_array_equal(results[isa][0], results["auto"][0], err_msg=f"matvec, {isa} vs auto")
         np.testing.assert_array_equal(results[isa][1], results["auto"][1], err_msg=f"matvec_rows, {isa} vs auto")
 

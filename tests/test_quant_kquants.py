@@ -20,7 +20,7 @@ import pytest
 from localllm import quant
 from localllm.backends.cpu.matmul import matvec_kernel
 from localllm.errors import TensorError
-from localllm.quant import q8_k
+from localllm.quant import vector
 from localllm.quant.activation import QuantizedActivation
 from tiny_models import _SCALE_FIELDS
 
@@ -169,7 +169,7 @@ def test_vec_dot_matches_float64_dot_of_dequantized(qtype):
         assert abs(got - expected) <= DOT_RTOL * scale + 1e-30, (row, got, expected)
 
 
-VECTOR_TYPES = [t for t in TYPES if t != "Q8_K"]  # the kernels built from q8_k.VectorCode
+VECTOR_TYPES = [t for t in TYPES if t != "Q8_K"]  # the kernels built from vector.VectorCode
 
 
 @pytest.mark.parametrize("qtype", VECTOR_TYPES)
@@ -182,8 +182,8 @@ def test_vec_dot_portable_vector_path(qtype):
     weights = qt.dequantize(raw).astype(np.float64)
     act = QuantizedActivation(qt.act, weights.shape[1])
     qt.vec_dot(raw[0], *act.arrays)  # the cached (native) kernel is compiled before the switch
-    saved = q8_k.VECTOR_ISA
-    q8_k.VECTOR_ISA = "generic"
+    saved = vector.VECTOR_ISA
+    vector.VECTOR_ISA = "generic"
     try:
         portable = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
         for row in range(raw.shape[0]):
@@ -193,7 +193,7 @@ def test_vec_dot_portable_vector_path(qtype):
             assert abs(got - np.dot(weights[row], a)) <= DOT_RTOL * np.dot(np.abs(weights[row]), np.abs(a))
             assert got == pytest.approx(qt.vec_dot(raw[row], qs, d, sums), rel=1e-6, abs=1e-30)
     finally:
-        q8_k.VECTOR_ISA = saved
+        vector.VECTOR_ISA = saved
     assert "pmaddubsw" not in portable.inspect_asm(portable.signatures[0])
 
 

@@ -8,7 +8,7 @@ high nibble; bit j of the little-endian uint32 `qh` is the fifth bit of element 
 Why explicit vector code for the dot products: written as plain Numba loops (unpack 16 bytes, multiply,
 add), LLVM unrolls the 16-step inner loop and then vectorises the loop over *blocks*, gathering bytes
 18 apart one by one: 1.5 GB/s for Q4_0, measured, against 10 GB/s for the byte-aligned Q8_0. So each block
-is one short sequence of vector operations (q8_k.VectorCode, shared with the K-quants): load the 16 quant
+is one short sequence of vector operations (vector.VectorCode, shared with the K-quants): load the 16 quant
 bytes, split the nibbles into 32 unsigned lanes (plus the fifth bits for Q5), multiply by the 32 int8
 activations with adjacent pairs summed (vpmaddubsw: exact, as quants <= 31 and |a| <= 127 give pair sums
 <= 2*31*127 < 32767), widen the pairs to int32 (vpmaddwd by ones) and sum the lanes; where the target has
@@ -24,7 +24,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .q8_k import VectorCode, grid_dot_intrinsic, pair_grid_dots
+from .vector import VectorCode, grid_dot_intrinsic, pair_grid_dots
 
 BLOCK = 32
 
@@ -183,7 +183,7 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
 
 def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
     """pair_terms(v, w, pq, pd, ps, b, half, prefetch) for a zero-point type (Q4_0, Q5_0): block_terms
-    against an activation pair (q8_k.pair_activations, whose ps holds each row's zero correction in the
+    against an activation pair (vector.pair_activations, whose ps holds each row's zero correction in the
     lane block_terms starts it in), both rows in 512-bit vectors for half None, else row half."""
 
     def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):

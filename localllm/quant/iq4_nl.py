@@ -23,7 +23,8 @@ from numba.extending import intrinsic
 
 from . import QuantType
 from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, read_f16
-from .q8_k import VectorCode, as_blocks, as_float_blocks, f16_field
+from .q8_k import as_blocks, as_float_blocks, f16_field
+from .vector import VectorCode
 
 BLOCK = 32
 BLOCK_BYTES = 18

@@ -31,7 +31,7 @@ numba.config.SLP_VECTORIZE = 1
 # ----- Numba's on-disk cache, keyed on every kernel source -----
 #
 # Numba keeps a cached kernel while *its own* file is unchanged, but our kernels inline intrinsics and
-# helpers from other files (q8_k.VectorCode, _legacy, jit): after an edit there, a type module's cached
+# helpers from other files (vector.VectorCode, _legacy, jit): after an edit there, a type module's cached
 # vec_dot stays the old code while freshly compiled drivers (whose file names carry a source hash) use
 # the new one, so the two can disagree (seen during development, until the cache was emptied). So
 # for the files of localllm.quant and localllm.backends.cpu the cache's source stamp also carries a

@@ -28,7 +28,8 @@ from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
 from .q2_k import store_f16, unpack_2bit
 from .q6_k import GROUP_MAX_EPS
-from .q8_k import QK_K, VectorCode, as_blocks, as_float_blocks, f16_field, nearest_int
+from .q8_k import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
+from .vector import VectorCode
 
 BLOCK = QK_K
 BLOCK_BYTES = 110

@@ -60,10 +60,10 @@ def dequantize_row(src, out):
 block_terms = block_terms_kernel(BLOCK_BYTES, qs_offset=6, qh_offset=2, zero=16)
 row_dot = row_dot_kernel(block_terms)
 # Four weight rows x one activation (the decode matvec) and one weight row x four activation rows
-# (batched decode), each result equal to vec_dot's (q8_k.grid_dot_intrinsic).
+# (batched decode), each result equal to vec_dot's (vector.grid_dot_intrinsic).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (q8_k.pair_activations, compact or spread layout): one weight row
+# Batched decode on activation pairs (vector.pair_activations, compact or spread layout): one weight row
 # against 8, 4 or 2 rows.
 ZERO_POINT = 16
 pair_terms = pair_terms_kernel(BLOCK_BYTES, qs_offset=6, qh_offset=2)

@@ -60,7 +60,7 @@ def dequantize_row(src, out):
 block_terms = block_terms_kernel(BLOCK_BYTES, qs_offset=8, qh_offset=4, min_offset=2)
 row_dot = row_dot_kernel(block_terms)
 # Four weight rows x one activation (the decode matvec) and one weight row x four activation rows
-# (batched decode), each result equal to vec_dot's (q8_k.grid_dot_intrinsic).
+# (batched decode), each result equal to vec_dot's (vector.grid_dot_intrinsic).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
 

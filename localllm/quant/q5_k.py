@@ -33,7 +33,8 @@ from .q4_k import (
     scale_min_words,
     unpack_scales_mins,
 )
-from .q8_k import QK_K, VectorCode, as_blocks, as_float_blocks, f16_field
+from .q8_k import QK_K, as_blocks, as_float_blocks, f16_field
+from .vector import VectorCode
 
 BLOCK = QK_K
 BLOCK_BYTES = 176

@@ -29,7 +29,8 @@ from numba.extending import intrinsic
 
 from . import QuantType
 from .jit import exact_kernel, f16_to_f32, f32_to_f16_bits, fast_kernel, read_f16
-from .q8_k import QK_K, VectorCode, as_blocks, as_float_blocks, f16_field, nearest_int
+from .q8_k import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
+from .vector import VectorCode
 
 BLOCK = QK_K
 BLOCK_BYTES = 210

@@ -16,7 +16,8 @@ from numba.extending import intrinsic
 
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
-from .q8_k import VectorCode, as_blocks, as_float_blocks, grid_dot_intrinsic, pair_grid_dots
+from .q8_k import as_blocks, as_float_blocks
+from .vector import VectorCode, grid_dot_intrinsic, pair_grid_dots
 
 BLOCK = 32
 BLOCK_BYTES = 34
@@ -87,7 +88,7 @@ def row_dot(typingctx, w, aqs, ad, n_blocks):
 
 
 def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
-    """block_terms against an activation pair (q8_k.pair_activations; ps unused): both rows in 512-bit
+    """block_terms against an activation pair (vector.pair_activations; ps unused): both rows in 512-bit
     vectors for half None (the sign applied by a masked negation: AVX-512 has no vpsignb), else row half."""
     builder = v.builder
     base = builder.mul(b, ir.Constant(b.type, BLOCK_BYTES))
@@ -104,7 +105,7 @@ def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
     return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 
 
-ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (q8_k.pair_activations)
+ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (vector.pair_activations)
 # From this size (beyond the 32 MiB L3 of the Zen 5 machine measured) the decode matvec goes row by row
 # (vec_dot): streamed from memory, one row at a time ran at 41 GB/s, dot_4x1 at 36 (backends/cpu/drivers).
 ONE_ROW_MIN_BYTES = 32 << 20
@@ -113,7 +114,7 @@ ONE_ROW_MIN_BYTES = 32 << 20
 # one activation (the decode matvec), one weight row against four activation rows (batched decode).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (q8_k.pair_activations, compact or spread layout): one weight row
+# Batched decode on activation pairs (vector.pair_activations, compact or spread layout): one weight row
 # against 8, 4 or 2 rows.
 dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2 = pair_grid_dots(pair_terms)
 

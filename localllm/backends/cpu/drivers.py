@@ -84,7 +84,7 @@ def matvec_rows(weights, out, {args}):
 ONE_ROW_NEVER = 1 << 62
 
 # For the types whose module has grid dot kernels (dot_4x1, dot_1x4: several dot products at once, each
-# equal to vec_dot's bit for bit, see quant.q8_k.grid_dot_intrinsic), the same drivers built on them:
+# equal to vec_dot's bit for bit, see quant.vector.grid_dot_intrinsic), the same drivers built on them:
 # four weight rows per step in the matvec (four independent float add chains instead of one: the Q8_0
 # output projection of Gemma 3 270M is bound by that chain's latency, not by memory), four activation
 # rows per weight row in the batched matvec (each weight block unpacked once for four rows).
@@ -135,7 +135,7 @@ def matvec_rows(weights, out, qs, d, s):
 
 # For the types whose module also has pair kernels (dot_pairs_1x8 and the like: one weight row against
 # activation rows taken in pairs, two rows to a 512-bit vector where the target has AVX-512, each result
-# equal to vec_dot's bit for bit, see quant.q8_k.pair_grid_dot_intrinsic): GRID_TEMPLATE's matvec with a
+# equal to vec_dot's bit for bit, see quant.vector.pair_grid_dot_intrinsic): GRID_TEMPLATE's matvec with a
 # batched matvec on them.
 PAIRS_ROWS_TEMPLATE = """
 
@@ -188,7 +188,7 @@ def matvec_rows(weights, out, qs, d, s):
 
 PAIRS_HEADER = """import numpy as np
 
-from localllm.quant.q8_k import SPREAD_MAX_BYTES, aligned_rows, pair_activations
+from localllm.quant.vector import SPREAD_MAX_BYTES, aligned_rows, pair_activations
 from {module} import ZERO_POINT, dot_pairs_1x2, dot_pairs_1x4, dot_pairs_1x8, dot_spread_1x2, dot_spread_1x4, dot_spread_1x8
 """
 

@@ -81,13 +81,12 @@ def _axpy_f16(alpha, bits, y):
         y[i] += alpha * f16_to_f32(bits[i])
 
 
-# The work of one (query row, head) lives in its own function, called from the prange loop, rather than
-# written inside the loop: Numba compiles a parallel loop's body into a separate function whose code,
-# with fast-math, came out different in the process that compiled it and in later processes that loaded
-# it from the cache (last-bit differences in the attention output from the first decode step, greedy
-# tokens diverging after ~17 steps of Gemma 3 270M: scripts/check_cold_warm.py). A plain function is
-# compiled alike either way, measured. Both kernels call the same one (the contiguous cache as a single
-# block), so the paged kernel's results equal the contiguous one's by construction.
+# The work of one (query row, head) is one function that both decode kernels call, the contiguous cache
+# seen as a single block of a paged one: written out twice (as it was) they were two compilations of the
+# same arithmetic and came out different in the last bit in some processes, which broke the server's
+# guarantee that a batched sequence gets the logits it gets alone (tests/test_paged.py compares them).
+# Still open: in the process that compiles these kernels their results differ in the last bit from those
+# of a process that loads them from Numba's cache (scripts/check_cold_warm.py).
 @fast_kernel
 def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, row, dst):
     """dst = softmax(scale * K[first..pos] . qv) @ V[first..pos] for one head, position j of the cache

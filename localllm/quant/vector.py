@@ -1,0 +1,705 @@
+"""Vector building blocks for the block dot products: `VectorCode` (LLVM IR for a few vector operations,
+emitted from inside Numba intrinsics, per instruction set), the grid and pair dot-product intrinsics
+built on it, and the activation-pair layout of the batched decode. Every quant type's fast kernels are
+made from these; the instruction-set paths give identical integers (tests/test_quant_isa.py).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from llvmlite import binding as llvm_binding
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .jit import exact_kernel
+
+# ----- Vector building blocks for the block dot products -----
+#
+# Numba's auto-vectorizer turns an unpack-multiply-add loop over 4-bit quants into 128-bit code that
+# widens every byte to 16 bits (measured 3.2 GB/s for Q4_K). llama.cpp's AVX2 kernels instead multiply
+# unsigned quant bytes by signed activation bytes with vpmaddubsw (adjacent pairs summed into int16),
+# then multiply-add those int16 pairs by the sub-block scales with vpmaddwd (pairs summed into int32):
+# two instructions per 32 weights. `VectorCode` emits the same operations as LLVM IR from inside a
+# Numba @intrinsic, so a kernel states them in a few readable lines:
+#
+#   dot_pairs(u, s)      <32 x u8> * <32 x i8>  -> <16 x i16>, lane i = u[2i]*s[2i] + u[2i+1]*s[2i+1]
+#   scale_pairs(p, sc)   <16 x i16> * <16 x i16> -> <8 x i32>, lane i = p[2i]*sc[2i] + p[2i+1]*sc[2i+1]
+#
+# dot_pairs is exact (vpmaddubsw saturates the int16 pair sums) while the unsigned quants are at most
+# 127: 2*127*128 = 32512 < 32767 for any int8 activation; every caller's quants are 0..63. Where the
+# compile target has AVX2 the two map to vpmaddubsw / vpmaddwd; elsewhere (or with VECTOR_ISA =
+# "generic", which the tests use to check that path too) they are plain widening multiplies and pairwise
+# adds that any LLVM target lowers. Either way the integer results are identical.
+#
+# Numba's cache keys compiled code on the CPU name and features, so a cached kernel is never reused on a
+# machine with a different instruction set.
+
+# How far ahead of the block being read a row kernel asks for the weights (VectorCode.prefetch). The rows
+# of a weight matrix are contiguous, so 8 KiB past the block is some rows further on, whichever row of a
+# grid kernel asks. Measured over Gemma 3 270M's weights in decode order (streamed from memory), against
+# the 1024 bytes (past the same place in the next group of rows) used before: Q5_0 matvecs 2.9 -> 1.9 ms
+# a token, the Q8_0 output projection about 10% faster; 4-10 KiB all within noise of each other.
+PREFETCH_BYTES = 8192
+
+# "auto": the best of the paths below that the target has; "avx2": AVX2 only (no VNNI, no AVX-512
+# masks), "generic": portable IR only. The tests compile every path and compare the integer results.
+VECTOR_ISA = "auto"
+VECTOR_ISAS = ("auto", "avx2", "generic")
+
+
+def ll_version_major() -> int:
+    return llvm_binding.llvm_version_info[0]
+
+
+def _target_features(context) -> set:
+    return set((getattr(context.codegen(), "_tm_features", "") or "").split(","))
+
+
+def _target_has_avx2(context) -> bool:
+    return VECTOR_ISA != "generic" and "+avx2" in _target_features(context)
+
+
+def _target_has_vnni(context) -> bool:
+    """vpdpbusd on 256-bit vectors: AVX-VNNI, or AVX-512 VNNI with VL."""
+    if VECTOR_ISA != "auto":
+        return False
+    features = _target_features(context)
+    return "+avx2" in features and ("+avxvnni" in features or {"+avx512vnni", "+avx512vl"} <= features)
+
+
+def _target_has_avx512_vnni(context) -> bool:
+    """vpdpbusd and byte masks on 512-bit vectors: AVX-512 F, BW and VNNI."""
+    return VECTOR_ISA == "auto" and {"+avx512f", "+avx512bw", "+avx512vnni"} <= _target_features(context)
+
+
+def _target_has_gfni(context) -> bool:
+    """gf2p8affineqb on 256-bit vectors (GFNI with AVX)."""
+    return VECTOR_ISA == "auto" and {"+gfni", "+avx2"} <= _target_features(context)
+
+
+def _target_has_avx512_bw(context) -> bool:
+    """Byte and word multiply-adds on 512-bit vectors (vpmaddubsw / vpmaddwd zmm): AVX-512 F and BW."""
+    return VECTOR_ISA == "auto" and {"+avx512f", "+avx512bw"} <= _target_features(context)
+
+
+def _target_has_avx512_masks(context) -> bool:
+    """Byte-lane masks (k registers) for 256-bit vectors: AVX-512 BW with VL."""
+    return VECTOR_ISA == "auto" and {"+avx512bw", "+avx512vl"} <= _target_features(context)
+
+
+class VectorCode:
+    """Emits vector IR into one Numba intrinsic's body (builder) for the compile target (context)."""
+
+    def __init__(self, context, builder):
+        self.context = context
+        self.builder = builder
+        self.avx2 = _target_has_avx2(context)
+        self.vnni = _target_has_vnni(context)
+        self.avx512_masks = _target_has_avx512_masks(context)
+        self.gfni = _target_has_gfni(context)
+        self.avx512_vnni = _target_has_avx512_vnni(context)
+        self.avx512_bw = _target_has_avx512_bw(context)
+
+    # -- construction --
+
+    @staticmethod
+    def vector_type(lanes: int, bits: int) -> ir.VectorType:
+        return ir.VectorType(ir.IntType(bits), lanes)
+
+    def constant(self, value: int, lanes: int, bits: int) -> ir.Constant:
+        return ir.Constant(self.vector_type(lanes, bits), [value] * lanes)
+
+    def offset(self, base, delta: int):
+        """base (an index value) + delta."""
+        return self.builder.add(base, ir.Constant(base.type, delta))
+
+    def _data(self, array_type, array):
+        """The element pointer of a Numba array value, or `array` itself when array_type is None (a
+        pointer from row_pointer): every load below takes either."""
+        if array_type is None:
+            return array
+        return self.context.make_array(array_type)(self.context, self.builder, array).data
+
+    def row_pointer(self, array_type, array, row):
+        """Pointer to the first element of row `row` of a 2D array (rows contiguous inside; any row
+        stride), for the loads below with array_type None. For a 1D array, the array's own data (row 0)."""
+        builder = self.builder
+        arr = self.context.make_array(array_type)(self.context, builder, array)
+        if array_type.ndim == 1:
+            return arr.data
+        stride = cgutils.unpack_tuple(builder, arr.strides)[0]
+        as_bytes = builder.bitcast(arr.data, ir.IntType(8).as_pointer())
+        moved = builder.gep(as_bytes, [builder.mul(self.resize(row, stride.type.width), stride)])
+        return builder.bitcast(moved, arr.data.type)
+
+    def load(self, array_type, array, index, lanes: int):
+        """array[index : index + lanes] as a vector of the array's element width (no alignment assumed)."""
+        data = self._data(array_type, array)
+        vector_pointer = ir.VectorType(data.type.pointee, lanes).as_pointer()
+        pointer = self.builder.bitcast(self.builder.gep(data, [index]), vector_pointer)
+        return self.builder.load(pointer, align=1)
+
+    def from_scalars(self, values, bits: int):
+        """A vector of the given integer scalars (truncated or sign-extended to `bits`)."""
+        vec = ir.Constant(self.vector_type(len(values), bits), ir.Undefined)
+        for lane, value in enumerate(values):
+            vec = self.builder.insert_element(vec, self.resize(value, bits), ir.Constant(ir.IntType(32), lane))
+        return vec
+
+    def resize(self, value, bits: int, signed: bool = True):
+        width = value.type.width
+        if width > bits:
+            return self.builder.trunc(value, ir.IntType(bits))
+        if width < bits:
+            return (self.builder.sext if signed else self.builder.zext)(value, ir.IntType(bits))
+        return value
+
+    # -- lane-wise operations --
+
+    @staticmethod
+    def _lane_list(lanes) -> ir.Constant:
+        lanes = list(lanes)
+        return ir.Constant(ir.VectorType(ir.IntType(32), len(lanes)), lanes)
+
+    def shuffle(self, vec, lanes):
+        """Lanes of vec picked by index (the result has len(lanes) lanes)."""
+        return self.builder.shuffle_vector(vec, vec, self._lane_list(lanes))
+
+    def join(self, a, b):
+        """The lanes of a followed by those of b (same lane type)."""
+        return self.builder.shuffle_vector(a, b, self._lane_list(range(a.type.count + b.type.count)))
+
+    def widen(self, vec, bits: int, signed: bool = True):
+        target = self.vector_type(vec.type.count, bits)
+        return self.builder.sext(vec, target) if signed else self.builder.zext(vec, target)
+
+    def bitcast(self, vec, lanes: int, bits: int):
+        return self.builder.bitcast(vec, self.vector_type(lanes, bits))
+
+    def and_(self, vec, mask: int):
+        return self.builder.and_(vec, self.constant(mask, vec.type.count, vec.type.element.width))
+
+    def shr(self, vec, count):
+        """Logical shift right by `count` (an int, or a list of per-lane counts)."""
+        if isinstance(count, int):
+            return self.builder.lshr(vec, self.constant(count, vec.type.count, vec.type.element.width))
+        return self.builder.lshr(vec, ir.Constant(vec.type, list(count)))
+
+    def shl(self, vec, count: int):
+        return self.builder.shl(vec, self.constant(count, vec.type.count, vec.type.element.width))
+
+    def or_(self, a, b):
+        return self.builder.or_(a, b)
+
+    def add(self, a, b):
+        """a + b, where a may be None (the start of a sum)."""
+        return b if a is None else self.builder.add(a, b)
+
+    def mul(self, a, b):
+        return self.builder.mul(a, b)
+
+    def sum(self, vec):
+        """The (wrapping) sum of all lanes, a scalar."""
+        fnty = ir.FunctionType(vec.type.element, [vec.type])
+        name = f"llvm.vector.reduce.add.v{vec.type.count}i{vec.type.element.width}"
+        return self.builder.call(cgutils.get_or_insert_function(self.builder.module, fnty, name), [vec])
+
+    # -- the two multiply-adds --
+
+    def _pairwise_add(self, vec):
+        even = self.shuffle(vec, range(0, vec.type.count, 2))
+        odd = self.shuffle(vec, range(1, vec.type.count, 2))
+        return self.builder.add(even, odd)
+
+    def _x86(self, name: str, args, result_type):
+        fnty = ir.FunctionType(result_type, [arg.type for arg in args])
+        return self.builder.call(cgutils.get_or_insert_function(self.builder.module, fnty, name), args)
+
+    def dot_pairs(self, unsigned_bytes, signed_bytes):
+        """<32 x i8> (as unsigned) * <32 x i8> (signed) -> <16 x i16>: adjacent products summed."""
+        if self.avx2:
+            args = [unsigned_bytes, signed_bytes]
+            return self._x86("llvm.x86.avx2.pmadd.ub.sw", args, self.vector_type(16, 16))
+        products = self.builder.mul(self.widen(unsigned_bytes, 16, signed=False), self.widen(signed_bytes, 16))
+        return self._pairwise_add(products)
+
+    def dot_pairs_signed(self, x, y):
+        """<32 x i8> * <32 x i8>, both signed -> <16 x i16>: adjacent products summed.
+
+        Exact for |x| <= 127 and y != -128 (on AVX2 it is vpmaddubsw(|x|, y * sign(x)), as llama.cpp
+        does); q8_0/q8_k activations lie in -127..127 by construction.
+        """
+        if self.avx2:
+            magnitude = self._x86("llvm.abs.v32i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+            signed = self._x86("llvm.x86.avx2.psign.b", [y, x], y.type)
+            return self._x86("llvm.x86.avx2.pmadd.ub.sw", [magnitude, signed], self.vector_type(16, 16))
+        return self._pairwise_add(self.builder.mul(self.widen(x, 16), self.widen(y, 16)))
+
+    def split_nibbles(self, array_type, array, index):
+        """The 16 bytes at array[index:] as <32 x i8>: their low nibbles, then their high nibbles.
+
+        With GFNI: the 16 bytes loaded into both halves of the vector (a broadcast load) and one
+        gf2p8affineqb, whose bit matrix is per 64-bit lane: "keep bits 0-3" in the low half, "bits 4-7
+        down to 0-3" in the high half. Elsewhere an and, a shift and a join. Same bytes either way."""
+        packed = self.load(array_type, array, index, 16)
+        if not self.gfni:
+            return self.join(self.and_(packed, 0x0F), self.shr(packed, 4))
+        both = self.shuffle(packed, list(range(16)) * 2)
+        # Result bit i = parity(matrix byte 7-i AND x): byte 7-i of "low" selects bit i, of "high" bit i+4.
+        low = [0, 0, 0, 0, 0x08, 0x04, 0x02, 0x01]
+        high = [0, 0, 0, 0, 0x80, 0x40, 0x20, 0x10]
+        matrix = ir.Constant(both.type, low * 2 + high * 2)
+        return self._x86("llvm.x86.vgf2p8affineqb.256", [both, matrix, ir.Constant(ir.IntType(8), 0)], both.type)
+
+    def add_where_bits(self, vec, bits, value: int):
+        """vec (<32 x i8>) with `value` added in lane j where bit j of the i32 `bits` is set (wrapping).
+
+        With AVX-512 the bits become a mask register directly (kmovd) and the add is a masked vpaddb;
+        elsewhere each lane's byte is picked out (shuffle), tested (and, compare) and selected."""
+        builder = self.builder
+        lanes = vec.type.count
+        added = builder.add(vec, self.constant(value, lanes, 8))
+        if self.avx512_masks:
+            mask = builder.bitcast(bits, ir.VectorType(ir.IntType(1), lanes))
+            return builder.select(mask, added, vec)
+        as_bytes = builder.bitcast(bits, self.vector_type(4, 8))
+        spread = self.shuffle(as_bytes, [j // 8 for j in range(lanes)])  # lane j holds byte j // 8 ...
+        selected = builder.and_(spread, ir.Constant(spread.type, [1 << (j % 8) for j in range(lanes)]))  # ... bit j % 8
+        is_set = builder.icmp_unsigned("!=", selected, self.constant(0, lanes, 8))
+        return builder.select(is_set, added, vec)
+
+    def lookup16(self, table, indices):
+        """table[indices] per lane: a constant table of 16 int8 values, <32 x i8> indices in 0..15."""
+        if self.avx2:  # vpshufb looks up within each 128-bit half, so the table goes in both halves
+            both_halves = ir.Constant(indices.type, [int(value) for value in table] * 2)
+            return self._x86("llvm.x86.avx2.pshuf.b", [both_halves, indices], indices.type)
+        result = self.constant(0, indices.type.count, 8)
+        for i, value in enumerate(table):
+            hit = self.builder.icmp_unsigned("==", indices, self.constant(i, indices.type.count, 8))
+            result = self.builder.select(hit, self.constant(int(value), indices.type.count, 8), result)
+        return result
+
+    def scale_pairs(self, pairs, scales):
+        """<16 x i16> * <16 x i16> -> <8 x i32>: adjacent products summed."""
+        if self.avx2:
+            return self._x86("llvm.x86.avx2.pmadd.wd", [pairs, scales], self.vector_type(8, 32))
+        return self._pairwise_add(self.builder.mul(self.widen(pairs, 32), self.widen(scales, 32)))
+
+    # -- four products at a time: <32 x i8> x <32 x i8> -> <8 x i32>, lane i the sum of the products of
+    # bytes 4i..4i+3 (plus lane i of `start`, if given) --
+    #
+    # Where the target has VNNI this is one vpdpbusd (u8 x s8 products, summed in int32 without
+    # saturation); elsewhere scale_pairs(dot_pairs(...), ones), whose lanes are the same sums. Both are
+    # exact in the ranges dot_pairs is (unsigned quants <= 127), so every lane is the same integer.
+
+    def _vpdpbusd(self, start, unsigned_bytes, signed_bytes):
+        """256-bit (32 bytes) or, with avx512_vnni, 512-bit (64 bytes)."""
+        lanes = unsigned_bytes.type.count // 4
+        if start is None:
+            start = self.constant(0, lanes, 32)
+        if ll_version_major() >= 22:  # LLVM 22 takes the bytes as <N x i8>; older ones as <N/4 x i32>
+            args = [start, unsigned_bytes, signed_bytes]
+        else:
+            args = [start, self.bitcast(unsigned_bytes, lanes, 32), self.bitcast(signed_bytes, lanes, 32)]
+        return self._x86(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", args, self.vector_type(lanes, 32))
+
+    def pair_lanes(self, pointer, b, spread: bool, starts: bool = False):
+        """Block b's <16 x ...> from a pair array (pd, or ps with starts): loaded (spread layout), or its
+        two values spread (compact): 8 lanes each, or, with starts, lanes 0 and 8 with zeros elsewhere."""
+        if spread:
+            return self.load(None, pointer, self.builder.mul(b, ir.Constant(b.type, 16)), 16)
+        two = self.load(None, pointer, self.builder.mul(b, ir.Constant(b.type, 2)), 2)
+        if not starts:
+            return self.shuffle(two, [0] * 8 + [1] * 8)
+        zeros = ir.Constant(two.type, [0, 0])
+        return self.builder.shuffle_vector(two, zeros, self._lane_list([0] + [2] * 7 + [1] + [2] * 7))
+
+    def pair_lane(self, pointer, b, half, spread: bool):
+        """Row half's value of block b in a pair array (its lane 0 in the spread layout)."""
+        width = 8 if spread else 1
+        return self.load_scalar(None, pointer, self.offset(self.builder.mul(b, ir.Constant(b.type, 2 * width)), width * half))
+
+    def dot_quads_signed_wide(self, x, y, start=None):
+        """dot_quads_signed on 64 bytes -> <16 x i32> (avx512_vnni only): |x| times y with x's sign, the
+        sign applied by a masked negation (AVX-512 has no vpsignb; where x is 0 the product is 0 anyway)."""
+        builder = self.builder
+        magnitude = self._x86("llvm.abs.v64i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+        negative = builder.icmp_signed("<", x, self.constant(0, 64, 8))
+        signed = builder.select(negative, builder.sub(self.constant(0, 64, 8), y), y)
+        return self._vpdpbusd(start, magnitude, signed)
+
+    def dot_quads(self, unsigned_bytes, signed_bytes, start=None):
+        """<32 x i8> (as unsigned, <= 127) * <32 x i8> (signed) -> <8 x i32> (+ start)."""
+        if self.vnni:
+            return self._vpdpbusd(start, unsigned_bytes, signed_bytes)
+        sums = self.scale_pairs(self.dot_pairs(unsigned_bytes, signed_bytes), self.constant(1, 16, 16))
+        return sums if start is None else self.builder.add(start, sums)
+
+    def dot_quads_signed(self, x, y, start=None):
+        """<32 x i8> * <32 x i8>, both signed -> <8 x i32> (+ start); the ranges of dot_pairs_signed."""
+        if self.vnni:
+            magnitude = self._x86("llvm.abs.v32i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+            signed = self._x86("llvm.x86.avx2.psign.b", [y, x], y.type)
+            return self._vpdpbusd(start, magnitude, signed)
+        sums = self.scale_pairs(self.dot_pairs_signed(x, y), self.constant(1, 16, 16))
+        return sums if start is None else self.builder.add(start, sums)
+
+
+    # -- 64 bytes at a time (the K-quants' super-blocks): dot_pairs / scale_pairs on 512-bit vectors where
+    # the target has AVX-512 BW (one instruction for two 32-weight sub-blocks), else on two 256-bit halves;
+    # the lanes are the same integers either way --
+
+    def dot_pairs_wide(self, unsigned_bytes, signed_bytes):
+        """<64 x i8> (as unsigned, <= 127) * <64 x i8> (signed) -> <32 x i16>: adjacent products summed."""
+        if self.avx512_bw:
+            args = [unsigned_bytes, signed_bytes]
+            return self._x86("llvm.x86.avx512.pmaddubs.w.512", args, self.vector_type(32, 16))
+        halves = [
+            self.dot_pairs(self.shuffle(unsigned_bytes, range(32 * i, 32 * i + 32)), self.shuffle(signed_bytes, range(32 * i, 32 * i + 32)))
+            for i in range(2)
+        ]
+        return self.join(*halves)
+
+    def scale_pairs_wide(self, pairs, scales):
+        """<32 x i16> * <32 x i16> -> <16 x i32>: adjacent products summed."""
+        if self.avx512_bw:
+            return self._x86("llvm.x86.avx512.pmaddw.d.512", [pairs, scales], self.vector_type(16, 32))
+        halves = [
+            self.scale_pairs(self.shuffle(pairs, range(16 * i, 16 * i + 16)), self.shuffle(scales, range(16 * i, 16 * i + 16)))
+            for i in range(2)
+        ]
+        return self.join(*halves)
+
+    def bit_fields_wide(self, vec, low_bits, high_bits):
+        """vec (<32 x i8>) -> <64 x i8>: in the first 32 lanes bits low_bits[j] of each byte moved to bit
+        j, in the last 32 bits high_bits[j] (every other bit 0). With GFNI (and AVX-512 BW) one
+        gf2p8affineqb on vec in both halves, whose bit matrix is per 64-bit lane; else masks and shifts."""
+        if self.gfni and self.avx512_bw:
+            both = self.join(vec, vec)
+            matrix = []
+            for fields in (low_bits, high_bits):
+                rows = [0] * 8  # result bit i = parity(matrix byte 7 - i AND x)
+                for j, bit in fields.items():
+                    rows[7 - j] = 1 << bit
+                matrix += rows * 4
+            return self._x86("llvm.x86.vgf2p8affineqb.512", [both, ir.Constant(both.type, matrix), ir.Constant(ir.IntType(8), 0)], both.type)
+        halves = []
+        for fields in (low_bits, high_bits):
+            masks = {}  # bits moved by the same distance: one mask and one shift
+            for j, bit in fields.items():
+                masks[j - bit] = masks.get(j - bit, 0) | 1 << bit
+            result = None
+            for move, mask in masks.items():
+                field = self.and_(vec, mask)
+                field = self.shl(field, move) if move > 0 else self.shr(field, -move) if move < 0 else field
+                result = field if result is None else self.or_(result, field)
+            halves.append(result)
+        return self.join(*halves)
+
+    def pick_words(self, words8, picks):
+        """<8 x i16> words8 -> <32 x i16>, lane i = words8[picks[i]]. With AVX-512 BW words8 is broadcast
+        to the four 128-bit lanes once (the caller's several picks share it) and each pick is one in-lane
+        vpshufb; elsewhere a shuffle."""
+        if not self.avx512_bw:
+            return self.shuffle(words8, picks)
+        both = self.bitcast(self.shuffle(words8, list(range(8)) * 4), 64, 8)
+        control = ir.Constant(both.type, [2 * picks[i // 2] + i % 2 for i in range(64)])
+        return self.bitcast(self._x86("llvm.x86.avx512.pshuf.b.512", [both, control], both.type), 32, 16)
+
+    def sum_two(self, a, b):
+        """The (wrapping) lane sums of two integer vectors of one type, by one halving tree for both."""
+        builder = self.builder
+        lanes = a.type.count
+        vec = builder.add(
+            builder.shuffle_vector(a, b, self._lane_list(list(range(lanes // 2)) + list(range(lanes, lanes + lanes // 2)))),
+            builder.shuffle_vector(a, b, self._lane_list(list(range(lanes // 2, lanes)) + list(range(lanes + lanes // 2, 2 * lanes)))),
+        )
+        while vec.type.count > 2:  # lanes [a's | b's], each half halved in place
+            quarter = vec.type.count // 4
+            first = [i for h in (0, 2 * quarter) for i in range(h, h + quarter)]
+            vec = builder.add(self.shuffle(vec, first), self.shuffle(vec, [i + quarter for i in first]))
+        i32 = ir.IntType(32)
+        return builder.extract_element(vec, i32(0)), builder.extract_element(vec, i32(1))
+
+    # -- whole rows: float accumulation across blocks, as llama.cpp's AVX2 kernels do --
+
+    def load_f16_splat(self, array_type, array, byte_index, lanes: int = 8):
+        """The little-endian float16 at array[byte_index : byte_index + 2] (a uint8 array), converted to
+        float32 and broadcast to `lanes` lanes.
+
+        Why a broadcast rather than a scalar: LLVM loads a lone half into a vector register with vpinsrw,
+        which merges into (so waits for) whatever that register last held, often a float accumulator:
+        measured 7 cycles a Q8_0 block instead of 4. A broadcast load writes the whole register.
+        """
+        data = self._data(array_type, array)
+        pointer = self.builder.bitcast(self.builder.gep(data, [byte_index]), ir.IntType(16).as_pointer())
+        bits = self.splat(self.builder.load(pointer, align=1), lanes)
+        halves = self.builder.bitcast(bits, ir.VectorType(ir.HalfType(), lanes))
+        return self.builder.fpext(halves, ir.VectorType(ir.FloatType(), lanes))
+
+    def prefetch(self, array_type, array, byte_index, distance=None):
+        """Hint the cache to fetch the line `distance` (default PREFETCH_BYTES) bytes past
+        array[byte_index] (never faults)."""
+        if distance is None:
+            distance = PREFETCH_BYTES
+        data = self._data(array_type, array)
+        pointer = self.builder.gep(data, [self.offset(byte_index, distance)])
+        i8p = ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
+        fn = cgutils.get_or_insert_function(self.builder.module, fnty, "llvm.prefetch.p0i8")
+        i32 = ir.IntType(32)
+        self.builder.call(fn, [self.builder.bitcast(pointer, i8p), i32(0), i32(3), i32(1)])
+
+    def store_dequantized(self, out_type, out, index, quants, signed: bool, steps, offsets=None):
+        """out[index : index + 32] = step * float(q) [- offset], lane by lane, as IEEE float32 operations
+        without fast-math flags (so each lane equals the scalar reference exactly).
+
+        quants: <32 x i8> (signed or unsigned); steps and offsets: (first 16 lanes, last 16 lanes) pairs of
+        float32 scalars (K-quant scales change every 16 or 32 elements)."""
+        builder = self.builder
+        lanes = quants.type.count
+        floats_type = ir.VectorType(ir.FloatType(), lanes)
+
+        def halves(pair):
+            first, last = (self.splat(value, lanes // 2) for value in pair)
+            return self.join(first, last)
+
+        values = (builder.sitofp if signed else builder.uitofp)(quants, floats_type)
+        result = builder.fmul(halves(steps), values)
+        if offsets is not None:
+            result = builder.fsub(result, halves(offsets))
+        data = self._data(out_type, out)
+        pointer = builder.bitcast(builder.gep(data, [index]), floats_type.as_pointer())
+        builder.store(result, pointer, align=4)
+
+    def load_scalar(self, array_type, array, index):
+        data = self._data(array_type, array)
+        return self.builder.load(self.builder.gep(data, [index]))
+
+    def splat(self, value, lanes: int):
+        vec = ir.Constant(ir.VectorType(value.type, lanes), ir.Undefined)
+        vec = self.builder.insert_element(vec, value, ir.Constant(ir.IntType(32), 0))
+        return self.builder.shuffle_vector(vec, vec, self._lane_list([0] * lanes))
+
+    def float_sum(self, vec):
+        """Sum of the lanes of a float vector by halving (a short tree, not a serial chain)."""
+        while vec.type.count > 1:
+            half = vec.type.count // 2
+            vec = self.builder.fadd(self.shuffle(vec, range(half)), self.shuffle(vec, range(half, 2 * half)), flags=self.PINNED)
+        return self.builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
+
+    def row_sum(self, n_blocks, block):
+        """sum over b < n_blocks of scale_b * sum(ints_b) [+ extra_b], where block(b) returns (ints_b
+        <8 x i32>, scale_b float or <8 x float>) or (ints_b, scale_b, extra_b float or None).
+
+        The int32 lanes are converted and scaled as a vector and added into one float vector accumulator
+        in block order, then summed by halving: the order of llama.cpp's AVX2 kernels (a fused
+        multiply-add per block, then hsum_float_8); 14 of the 18 Q8_0 dot products in llama.cpp's
+        reference vectors come out bit-identical. The order matters more than it seems: with the blocks
+        split over two accumulators (no faster here, measured) Gemma 3's KL against llama.cpp's logits
+        at a 6-token prompt doubled, 0.0066 -> 0.0122.
+        Returns the float32 total.
+        """
+        return self.grid_sum(n_blocks, lambda b, i: block(b), 1)[0]
+
+    # Float flags of the accumulation: set explicitly, because Numba's fast-math pass gives every float
+    # operation that has no flags the full fast-math set, and with it LLVM may reorder a sum differently
+    # in differently shaped kernels (measured: a 1x4 grid dot then differed from row_dot in the last bit).
+    # With these, each dot's accumulation is the same operations in the same order in every kernel.
+    PINNED = ("contract",)
+
+    def _accumulate(self, acc, ints, scale, extra):
+        """acc + float(ints) * scale [+ extra in lane 0], as one fused multiply-add per block (llama.cpp's
+        _mm256_fmadd_ps); with a float extra term (a minimum's share) the sum is fma(...) then one add.
+        On 16 lanes (two dots side by side, see grid_sum) extra is a pair, for lanes 0 and 8."""
+        builder = self.builder
+        vecf = acc.type
+        lanes = vecf.count
+        if not isinstance(scale.type, ir.VectorType):
+            scale = self.splat(scale, lanes)
+        fnty = ir.FunctionType(vecf, [vecf] * 3)
+        fma = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fma.v{lanes}f32")
+        values = builder.sitofp(ints, vecf)
+        if extra is None:
+            return builder.call(fma, [values, scale, acc])
+        extras = extra if isinstance(extra, (tuple, list)) else (extra,)
+        start = ir.Constant(vecf, [0.0] * lanes)
+        for k, value in enumerate(extras):
+            start = builder.insert_element(start, value, ir.Constant(ir.IntType(32), 8 * k))
+        return builder.fadd(acc, builder.call(fma, [values, scale, start]), flags=self.PINNED)
+
+    def grid_sum(self, n_blocks, block, n_dots: int, lanes: int = 8):
+        """n_dots dot products at once, interleaved block by block: block(b, i) returns dot i's
+        (ints, scale[, extra]) for block b, as row_sum's block(b) does. Returns the n_dots float32 totals.
+
+        Each dot has its own accumulator, updated in row_sum's order with row_sum's operations, so each
+        total equals what row_sum gives for that dot alone, bit for bit. Why interleave: row_sum's one
+        float add chain waits on the add latency every block (a Q8_0 block's integer work is shorter
+        than that), while n_dots independent chains overlap; and where dots share a weight row (several
+        activation rows) or an activation (several weight rows), LLVM merges the identical loads and
+        unpacking, so a weight block is unpacked once for all the activation rows it meets.
+
+        lanes 16: each block(b, i) gives two dots side by side (lanes 0-7 and 8-15, every operation lane
+        by lane, so each half is what 8 lanes give alone); returns 2 * n_dots totals, in that order.
+        """
+        builder = self.builder
+        zero = ir.Constant(ir.VectorType(ir.FloatType(), lanes), [0.0] * lanes)
+        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_dots)]
+        with cgutils.for_range(builder, n_blocks) as loop:
+            for i, acc_pointer in enumerate(accs):
+                ints, scale, *extra = block(loop.index, i)
+                extra = extra[0] if extra else None
+                builder.store(self._accumulate(builder.load(acc_pointer), ints, scale, extra), acc_pointer)
+        totals = []
+        for acc_pointer in accs:
+            acc = builder.load(acc_pointer)
+            for half in range(lanes // 8):
+                totals.append(self.float_sum(self.shuffle(acc, range(8 * half, 8 * half + 8)) if lanes > 8 else acc))
+        return totals
+
+
+def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):
+    """An intrinsic grid_dot(weights, r0, aqs, ad, asum, t0, n_blocks) -> UniTuple(float32, R*T) for
+    R = n_weight_rows, T = n_act_rows: the dot products of weight rows r0..r0+R-1 (weights: uint8[N,
+    row_bytes]) with activation rows t0..t0+T-1 (aqs, ad, asum: [rows, ...] in the pairing format, or 1D
+    for a single activation, t0 then ignored), in the order (r0, t0), (r0, t0+1), ..., (r0+1, t0), ...
+
+    block_terms(v, w, aqs, ad, asum, b, prefetch) emits block b's (ints, scale[, extra]) for one weight
+    row and one activation row given as element pointers (prefetch: a row pointer to prefetch ahead of,
+    or None) (VectorCode methods take pointers with
+    array_type None); it is the same function the type's one-row row_dot uses, and VectorCode.grid_sum
+    keeps each dot's float order, so every result equals that row_dot's bit for bit."""
+
+    @intrinsic
+    def grid_dot(typingctx, weights, r0, aqs, ad, asum, t0, n_blocks):
+        n_dots = n_weight_rows * n_act_rows
+        sig = types.UniTuple(types.float32, n_dots)(weights, r0, aqs, ad, asum, t0, n_blocks)
+
+        def codegen(context, builder, signature, args):
+            weights_, r0_, aqs_, ad_, asum_, t0_, n_blocks_ = args
+            w_type, _, aqs_type, ad_type, asum_type, _, _ = signature.args
+            v = VectorCode(context, builder)
+            rows = [v.row_pointer(w_type, weights_, v.offset(r0_, i)) for i in range(n_weight_rows)]
+            acts = [
+                tuple(v.row_pointer(t, a, v.offset(t0_, j)) for t, a in ((aqs_type, aqs_), (ad_type, ad_), (asum_type, asum_)))
+                for j in range(n_act_rows)
+            ]
+
+            # Prefetch: each weight row asks for the line PREFETCH_BYTES past its own block, once (with
+            # its first activation row).
+            def block(b, i):
+                w_row, t = divmod(i, n_act_rows)
+                return block_terms(v, rows[w_row], *acts[t], b, rows[w_row] if t == 0 else None)
+
+            totals = v.grid_sum(n_blocks_, block, n_dots)
+            return context.make_tuple(builder, signature.return_type, totals)
+
+        return sig, codegen
+
+    return grid_dot
+
+
+# ----- Batched decode: activation rows in pairs, two to a 512-bit vector -----
+#
+# matvec_rows (the server's batched decode) dots each weight row with T activation rows. Per block and
+# activation row the work is a few integer and float vector operations on eight lanes; with AVX-512 two
+# activation rows go side by side in one 512-bit vector (lanes 0-7 and 8-15), so each operation serves
+# two rows (Zen 5 runs 512-bit vpdpbusd / FMA at the 256-bit rate, measured). For that the activations
+# are first rearranged (pair_activations, once per matmul: O(T*K)) so that each operand is one load:
+#   pq int8[P, nb*64]      block b of rows 2p and 2p+1: pq[p, 64b : 64b+32], pq[p, 64b+32 : 64b+64]
+#   pd float32[P, nb*w]    their scales
+#   ps int32[P, nb*w]      the zero-point types' corrections -zero * asum, which start lanes 0 and 8 (as
+#                          block_terms starts lane 0)
+# in one of two layouts. "Spread" (w = 16): each scale repeated over its row's 8 lanes, each correction
+# in its lane with zeros around it, so that they are plain loads; the fastest while the pairs stay in
+# the L1 cache. "Compact" (w = 2): the two values per block, spread by a shuffle; the same bytes as the
+# activation arrays themselves. The kernels dot one weight row with all the pairs, so the spread layout
+# of a long row (K = 4096: 96 KiB for 8 rows) is read from L2 for every weight row, and ran slower than
+# the one-row-at-a-time kernels; the driver takes the compact one above SPREAD_MAX_BYTES.
+# Every lane then sees exactly the integer sum of the one-row kernel's lane and the same float operations,
+# so every result is bit-identical.
+
+
+@exact_kernel
+def aligned_rows(buffer, n_rows):
+    """[n_rows, m] view of the 1D buffer (one 64-byte line longer than n_rows * m elements) starting at a
+    64-byte boundary, so that every 64-byte block of a row is one cache line (rows are whole lines long).
+    Numba allocates on 32-byte boundaries: half the 512-bit loads would straddle two lines."""
+    skip = ((-buffer.ctypes.data) % 64) // buffer.itemsize
+    m = (buffer.shape[0] - 64 // buffer.itemsize) // max(n_rows, 1)
+    return buffer[skip : skip + n_rows * m].reshape((n_rows, m))
+
+
+SPREAD_MAX_BYTES = 32768  # the largest spread layout (pq + pd + ps) the driver uses; measured at K 640 / 4096
+
+
+@exact_kernel
+def pair_activations(qs, d, s, zero, pq, pd, ps):
+    """Fill pq, pd, ps (as above; [P, ...] with P = (T + 1) // 2, an odd last row paired with itself; the
+    layout from pd's width) from the q8_0 activation rows qs int8[T, K], d float32[T, nb], s int32[T, nb];
+    zero: the weight type's zero point (0 for none)."""
+    n_blocks = d.shape[1]
+    width = pd.shape[1] // max(n_blocks, 1) // 2  # lanes per row: 8 (spread) or 1 (compact)
+    for p in range(pq.shape[0]):
+        for b in range(n_blocks):
+            for half in range(2):
+                t = min(2 * p + half, qs.shape[0] - 1)
+                for j in range(32):
+                    pq[p, 64 * b + 32 * half + j] = qs[t, 32 * b + j]
+                at = 2 * width * b + width * half
+                for j in range(width):
+                    pd[p, at + j] = d[t, b]
+                    ps[p, at + j] = 0
+                ps[p, at] = -zero * s[t, b]
+
+
+def pair_grid_dot_intrinsic(pair_terms, n_pairs: int, spread: bool):
+    """An intrinsic grid_dot(weights, r0, pq, pd, ps, p0, n_blocks) -> UniTuple(float32, 2 * n_pairs): weight
+    row r0 (weights: uint8[N, row_bytes]) against the activation pairs p0..p0+n_pairs-1 (pair_activations),
+    in row order (2 p0, 2 p0 + 1, ...); each result equals the type's one-row vec_dot bit for bit.
+
+    pair_terms(v, w, pq, pd, ps, b, half, prefetch, spread) emits block b's (ints, scale) for the pair at
+    element pointers pq, pd, ps (in the spread or compact layout): both rows side by side (<16 x i32>,
+    <16 x float>) for half None, used where the target has AVX-512 BW and VNNI; else row `half` (0 or 1)
+    alone, as block_terms would (<8 x ...>)."""
+
+    @intrinsic
+    def grid_dot(typingctx, weights, r0, pq, pd, ps, p0, n_blocks):
+        sig = types.UniTuple(types.float32, 2 * n_pairs)(weights, r0, pq, pd, ps, p0, n_blocks)
+
+        def codegen(context, builder, signature, args):
+            weights_, r0_, pq_, pd_, ps_, p0_, n_blocks_ = args
+            w_type, _, pq_type, pd_type, ps_type, _, _ = signature.args
+            v = VectorCode(context, builder)
+            row = v.row_pointer(w_type, weights_, r0_)
+            pairs = [
+                tuple(v.row_pointer(t, a, v.offset(p0_, j)) for t, a in ((pq_type, pq_), (pd_type, pd_), (ps_type, ps_)))
+                for j in range(n_pairs)
+            ]
+            if v.avx512_vnni:
+
+                def block(b, i):
+                    return pair_terms(v, row, *pairs[i], b, None, row if i == 0 else None, spread)
+
+                totals = v.grid_sum(n_blocks_, block, n_pairs, lanes=16)
+            else:
+
+                def block(b, i):
+                    pair, half = divmod(i, 2)
+                    return pair_terms(v, row, *pairs[pair], b, half, row if i == 0 else None, spread)
+
+                totals = v.grid_sum(n_blocks_, block, 2 * n_pairs)
+            return context.make_tuple(builder, signature.return_type, totals)
+
+        return sig, codegen
+
+    return grid_dot
+
+
+def pair_grid_dots(pair_terms):
+    """The six batched-decode kernels a type's pair_terms gives (one weight row against 8, 4 or 2
+    activation rows, on the compact and on the spread pair layout), in the order
+        dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2
+    (the names the generated drivers import from the type's module)."""
+    return tuple(pair_grid_dot_intrinsic(pair_terms, n_pairs, spread) for spread in (False, True) for n_pairs in (4, 2, 1))
