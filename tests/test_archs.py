@@ -2,11 +2,11 @@
 
 Tiny random models (tests/tiny_models.py) are written by our GGUF writer in each quant type and loaded
 through the public API. Tolerances, and why:
-- Prefill of >= 8 tokens dequantizes weight tiles exactly (bit-exact dequantizers, tested elsewhere) and
+- Prefill of >= BLAS_MIN_ROWS (32) tokens dequantizes weight tiles exactly (bit-exact dequantizers, tested elsewhere) and
   multiplies in float32 through BLAS, so it differs from the float64 reference only by float32 rounding
   accumulated over a handful of layers: max |error| <= 2e-3 x max |logit|.
-- Decode (one token) quantizes each activation vector to 8 bits per block, as llama.cpp does, before
-  the integer dot products. Each element then carries up to d/2 = amax/254 of error; through a few layers
+- Decode (one token), and prefill of fewer tokens, quantizes each activation vector to 8 bits per
+  block, as llama.cpp does, before the integer dot products. Each element then carries up to d/2 = amax/254 of error; through a few layers
   that is about 1% of the logit scale: max |error| <= 4e-2 x max |logit| for quantized weights
   (float weights pair with float32 activations: same bound as prefill).
 """
@@ -26,7 +26,10 @@ import reference_forward
 from tiny_models import write_tiny_model
 
 ARCHS = sorted(ARCHITECTURES)
-PROMPT = [2, 300, 17, 281, 299, 5, 260, 310, 333, 290, 301, 7, 270, 275]  # 14 tokens > Gemma's window 5
+# 40 tokens: a prefill through BLAS (>= BLAS_MIN_ROWS), longer than the tiny Gemma's window of 5
+PROMPT = [2, 300, 17, 281, 299, 5, 260, 310, 333, 290, 301, 7, 270, 275, 12, 318, 263, 297, 40, 311,
+          288, 9, 325, 266, 302, 31, 279, 315, 258, 294, 21, 307, 272, 330, 285, 14, 261, 322, 291, 268]
+SHORT_PROMPT = PROMPT[:14]  # a prefill through the integer kernels
 PREFILL_RTOL = 2e-3
 DECODE_RTOL_QUANT = 4e-2
 
@@ -64,6 +67,23 @@ def test_prefill_matches_float64_reference(tiny, arch, qtype):
     ref = reference_logits(path, PROMPT)
     assert ours.shape == ref.shape
     assert max_rel_error(ours, ref) <= PREFILL_RTOL
+
+
+def test_the_long_prompt_takes_the_blas_path_and_the_short_one_the_integer_kernels():
+    from localllm.backends.cpu.matmul import BLAS_MIN_ROWS
+
+    assert len(SHORT_PROMPT) < BLAS_MIN_ROWS <= len(PROMPT)
+
+
+@pytest.mark.parametrize("qtype", quant.supported_names())
+@pytest.mark.parametrize("arch", ARCHS)
+def test_short_prefill_matches_float64_reference_within_the_activation_rounding(tiny, arch, qtype):
+    path = tiny(arch, qtype)
+    model = localllm.load(path, n_ctx=64, threads=2)
+    ours = model.logits(SHORT_PROMPT)
+    ref = reference_logits(path, SHORT_PROMPT)
+    tol = PREFILL_RTOL if quant.get(qtype).act == "f32" else DECODE_RTOL_QUANT
+    assert max_rel_error(ours, ref) <= tol
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K", "Q6_K"])

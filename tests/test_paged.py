@@ -195,3 +195,52 @@ def test_batched_forward_gives_each_sequence_its_single_sequence_logits(gemma):
     np.testing.assert_array_equal(l2[0], refs["b"][1])
     np.testing.assert_array_equal(l2[1], refs["a"][0])
     np.testing.assert_array_equal(l3[0], refs["a"][1])
+
+
+def test_matmul_segments_equals_each_segment_alone(gemma):
+    """Several prompt chunks in one call (tiles dequantized once for all) give each chunk exactly what
+    matmul gives it alone: chunks of 12 and 9 rows go through BLAS, one of 3 rows row by row."""
+    ops, rng = gemma.backend, np.random.default_rng(1)
+    bounds = (0, 12, 15, 24)
+    for suffix in ("attn_q", "attn_output", "ffn_down", "ffn_up"):
+        w = gemma.decoder.w[f"blk.0.{suffix}.weight"]
+        x = rng.standard_normal((bounds[-1], w.n_in)).astype(np.float32)
+        expected = np.zeros((bounds[-1], w.n_out), np.float32)
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            ops.matmul(w, x[a:b], expected[a:b])
+        out = np.zeros_like(expected)
+        ops.matmul_segments(w, x, out, bounds)
+        np.testing.assert_array_equal(out, expected, err_msg=w.qtype)
+
+
+def test_a_step_with_several_prompt_chunks_gives_each_its_single_sequence_logits(gemma):
+    dec = gemma.decoder
+    prompts = {
+        "a": gemma.tokenize("The quick brown fox jumps over the lazy dog and keeps running"),  # BLAS chunk
+        "b": gemma.tokenize("Hello there"),  # row by row
+        "c": gemma.tokenize("A longer second prompt, also through BLAS, about rivers and seas"),
+        "d": gemma.tokenize("Decode"),
+    }
+    refs = {}
+    for name, ids in prompts.items():
+        cache = KVCache(gemma.backend, dec.hp, 64)
+        refs[name] = dec.forward(np.asarray(ids, np.int32), 0, cache).copy()[-1]
+        refs[name + "+"] = dec.forward(np.asarray([42], np.int32), len(ids), cache).copy()[0]
+    paged = PagedKVCache(gemma.backend, dec.hp, 32, BS)
+    seqs = {name: SequenceBlocks() for name in prompts}
+    for name, seq in seqs.items():
+        paged.pool.reserve(6)
+        seq.reserved = 6
+        seq.ensure(paged.pool, len(prompts[name]) + 1)
+    builder = LayoutBuilder(BS)
+    d = prompts["d"]
+    lay = builder.build([(seqs["d"], d, 0)], n_rowwise=0)
+    dec.forward_batch(paged, lay, np.array([len(d) - 1], np.int32))
+    # d decodes while a, b and c read their whole prompts in the same step
+    entries = [(seqs["d"], [42], len(d))] + [(seqs[n], prompts[n], 0) for n in "abc"]
+    lay = builder.build(entries, n_rowwise=1)
+    ends = np.cumsum([1] + [len(prompts[n]) for n in "abc"]) - 1
+    logits = dec.forward_batch(paged, lay, ends.astype(np.int32)).copy()
+    np.testing.assert_array_equal(logits[0], refs["d+"])
+    for row, name in zip(logits[1:], "abc"):
+        np.testing.assert_array_equal(row, refs[name], err_msg=name)

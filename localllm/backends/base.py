@@ -82,6 +82,14 @@ class Backend(ABC):
         for t in range(x.shape[0]):
             self.matmul(w, x[t : t + 1], out[t : t + 1], bias)
 
+    def matmul_segments(self, w: Weight, x, out, bounds, bias=None) -> None:
+        """out = x @ W.T for rows cut into segments bounds[i]..bounds[i+1] (the prompt chunks of several
+        sequences in one server step), each segment computed exactly as matmul computes it alone (so a
+        chunk's result does not depend on what else ran in the step). A backend overrides it to share
+        work between the segments (the CPU backend dequantizes each weight tile once for all)."""
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            self.matmul(w, x[a:b], out[a:b], bias)
+
     @abstractmethod
     def embed(self, w: Weight, ids: np.ndarray, out) -> None:
         """out[T, K] = rows ids[T] of the embedding matrix W[vocab, K], dequantized."""

@@ -36,6 +36,9 @@ class Buffers:
         # Leading rows computed one by one, each exactly as a T=1 step computes it (the decode rows of
         # a multi-sequence step); 0 for a single-sequence forward.
         self.n_rowwise = 0
+        # Bounds of the rows after those, cut by sequence (the prompt chunks of a server step), each
+        # chunk computed as it would be alone; None: one chunk.
+        self.segments = None
 
     def head(self, n_tokens: int) -> "Buffers":
         """The same buffers limited to their first n_tokens rows (views, no new memory)."""
@@ -186,12 +189,14 @@ class Decoder:
     def linear(self, b: Buffers, w, x, out, bias=None) -> None:
         """out = x @ W.T (+ bias); the first b.n_rowwise rows row by row (see Buffers.n_rowwise)."""
         d = b.n_rowwise
-        if d == 0:
-            self.ops.matmul(w, x, out, bias)
+        if d:
+            self.ops.matmul_rows(w, x[:d], out[:d], bias)
+        if x.shape[0] == d:
             return
-        self.ops.matmul_rows(w, x[:d], out[:d], bias)
-        if x.shape[0] > d:
+        if b.segments is None:
             self.ops.matmul(w, x[d:], out[d:], bias)
+        else:
+            self.ops.matmul_segments(w, x[d:], out[d:], b.segments, bias)
 
     # -- the forward pass -----------------------------------------------------------------------------
     def buffers(self, n_tokens: int) -> Buffers:
@@ -248,6 +253,7 @@ class Decoder:
         b = self._batch_buffers(n, n_out)
         b.positions[:] = layout.positions
         b.n_rowwise = layout.n_rowwise
+        b.segments = self._prompt_segments(layout)
         view = PagedBatch(cache, layout)
         self.embed(layout.tokens, b)
         for il in range(self.hp.n_layer):
@@ -258,6 +264,15 @@ class Decoder:
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
         self.ops.matmul_rows(output, normed, logits)
         return self.ops.to_host(logits)
+
+    @staticmethod
+    def _prompt_segments(layout):
+        """Row bounds, relative to the first prompt row, of the prompt chunks after the decode rows when
+        there are several (None for one: matmul as usual)."""
+        firsts = [int(f) for f, s in zip(layout.seq_first, layout.seq_rows) if f >= layout.n_rowwise and s]
+        if len(firsts) < 2:
+            return None
+        return tuple(f - layout.n_rowwise for f in firsts) + (len(layout.tokens) - layout.n_rowwise,)
 
     def _batch_buffers(self, n_tokens: int, n_out: int) -> Buffers:
         full = self._batch.get("buffers")

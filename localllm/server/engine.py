@@ -2,13 +2,14 @@
 
 Every step the engine admits queued requests while there are free slots (`parallel`) and KV blocks,
 then runs ONE forward pass over all active sequences: one row per decoding sequence (its last sampled
-token) plus a prefill chunk of at most one sequence still reading its prompt. Each weight is read once
-per step for all of them. Each sequence samples from its own logits with its own Sampler (own seed,
+token) plus the next prompt chunk of the sequences still reading their prompts, oldest first, as many
+as fit in one chunk's rows (PREFILL_CHUNK) together (the first always runs). Each weight is read once
+per step for all of them, and dequantized once for all the prompt chunks (Backend.matmul_segments). Each sequence samples from its own logits with its own Sampler (own seed,
 penalties, stop strings), and its events go to the request's asyncio queue. A request cancelled by its
 client (stream closed) is dropped, and its blocks freed, at the start of the next step.
 
 Sequence results do not depend on the batch: decode rows are computed row by row with the one-row
-kernels (Buffers.n_rowwise), and a prefill chunk is computed alone with the same chunking as
+kernels (Buffers.n_rowwise), and each prefill chunk is computed as if alone with the same chunking as
 `generate` (PREFILL_CHUNK from the first uncached position). So a greedy request returns the same
 tokens as `Model.generate` alone, whatever else runs with it, when its prompt found nothing in the
 prefix cache (a prefix hit changes where the prefill chunks start; see docs/server.md).
@@ -241,9 +242,12 @@ class Engine:
         prefilling = [s for s in self._active if not s.decoding]
         entries = [(s.blocks, s.ids[s.n_past :], s.n_past) for s in decoding]
         runs = list(decoding)
-        if prefilling:  # one prompt chunk per step, oldest request first
-            seq = prefilling[0]
+        budget = self.prefill_chunk
+        for seq in prefilling:  # prompt chunks, oldest request first, while they fit in one chunk's rows
             end = min(seq.n_past + self.prefill_chunk, seq.n_prompt)
+            if runs[len(decoding):] and end - seq.n_past > budget:
+                break
+            budget -= end - seq.n_past
             entries.append((seq.blocks, seq.ids[seq.n_past : end], seq.n_past))
             runs.append(seq)
         for (blocks, chunk, start) in entries:

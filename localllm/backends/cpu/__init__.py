@@ -12,7 +12,7 @@ from ...errors import LocalLLMError
 from ..base import Backend, Weight
 from . import kernels
 from .attention_blas import BlasAttention
-from .matmul import BLAS_MIN_ROWS, MatmulScratch, gather_rows_kernel, matmul, matmul_rows
+from .matmul import BLAS_MIN_ROWS, MatmulScratch, gather_rows_kernel, matmul, matmul_rows, matmul_segments
 from .threads import DecodeThreads, configure_openmp_waiting
 
 # Bounded spinning for idle OpenMP workers, before Numba starts its pool (see threads.py).
@@ -124,6 +124,13 @@ class CPUBackend(Backend):
         qt = quant.get(w.qtype)
         self._threads_for(x.shape[0], x.shape[0] * w.data.nbytes, SMALL_MATVEC_BYTES)
         matmul(qt, w.data, x, out, self.scratch)
+        if bias is not None:
+            out += bias
+
+    def matmul_segments(self, w: Weight, x, out, bounds, bias=None) -> None:
+        qt = quant.get(w.qtype)
+        self._threads_for(int(max(b - a for a, b in zip(bounds[:-1], bounds[1:]))))
+        matmul_segments(qt, w.data, x, out, bounds, self.scratch)
         if bias is not None:
             out += bias
 

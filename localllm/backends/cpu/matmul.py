@@ -1,9 +1,12 @@
 """Quantized matrix products on the CPU.
 
-Decode (few rows of activations): the activation row is quantized once to the weight type's pairing
-format, then each output element is one `vec_dot` over a quantized weight row, rows split across threads.
-Prefill (many activation rows): compute-bound, so weight tiles are dequantized to float32 into a reused
-scratch buffer and multiplied through BLAS (NumPy's matmul); the weights stay quantized in memory.
+Few activation rows (decode, the server's batched steps, short prompts): each row is quantized once to
+the weight type's pairing format, then each output element is one integer `vec_dot` over a quantized
+weight row; the multi-row kernels (`matvec_rows`) read each weight row once for all the activation rows,
+with every result equal to the one-row kernel's. Many rows (prefill of a long prompt): weight tiles are
+dequantized to float32 into a reused scratch buffer and multiplied through BLAS (NumPy's matmul); the
+weights stay quantized in memory. Dequantizing a matrix costs about as much as multiplying it by a few
+dozen rows, hence the threshold BLAS_MIN_ROWS between the two.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from ...quant import QuantType
 from ...quant.activation import QK8_0, QK_K, QuantizedActivation, quantize_q8_0, quantize_q8_k
 from .drivers import drivers, row_drivers
 
-# Above this many activation rows a matmul goes through dequantized tiles + BLAS.
-BLAS_MIN_ROWS = 8
+# From this many activation rows a matmul goes through dequantized tiles + BLAS (and a batch is a
+# prefill whose other ops leave the cores to BLAS: CPUBackend._threads_for). Below, the integer
+# multi-row kernels. Measured on Gemma 3 270M, 2 threads, all its per-layer matrices, ms per pass
+# (BLAS / integer): T=8 25.6/11.4, 16 31.0/22.5, 32 44.9/52.1, 64 70.0/105.8 (scripts/crossover.py).
+BLAS_MIN_ROWS = 32
 TILE_ROWS = 512
 
 
@@ -94,8 +100,17 @@ class MatmulScratch:
 
 def matmul(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
     """out[T, N] = x[T, K] @ W.T for a quantized W (weights: uint8[N, row_bytes] holding N rows of K)."""
-    n_tokens, k = x.shape
-    if n_tokens >= BLAS_MIN_ROWS:
+    matmul_segments(qt, weights, x, out, (0, x.shape[0]), scratch)
+
+
+def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, bounds, scratch: MatmulScratch) -> None:
+    """matmul over the rows bounds[i]..bounds[i+1] of x and out, segment by segment, each exactly as
+    matmul computes it alone; the segments that go through BLAS share each dequantized tile (in a
+    server step with several short prompts, dequantization is most of the cost of a prompt)."""
+    k = x.shape[1]
+    segments = list(zip(bounds[:-1], bounds[1:]))
+    by_blas = [(a, b) for a, b in segments if b - a >= BLAS_MIN_ROWS]
+    if by_blas:
         dequant = dequant_rows_kernel(qt)
         n_rows = weights.shape[0]
         # BLAS owns the cores here (the backend runs Numba on one thread for batches: see
@@ -104,12 +119,24 @@ def matmul(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, s
             rows = min(TILE_ROWS, n_rows - start)
             tile = scratch.tile(rows, k)
             dequant(weights, start, tile)
-            np.matmul(x, tile.T, out=out[:, start : start + rows])
-        return
-    kernel = matvec_kernel(qt)
-    act = scratch.activation(qt.act, k)
-    for t in range(n_tokens):
-        kernel(weights, out[t], *act.quantize(x[t]))
+            for a, b in by_blas:
+                np.matmul(x[a:b], tile.T, out=out[a:b, start : start + rows])
+    # The integer kernels' rows do not depend on each other: consecutive short segments go in one call.
+    run_start = None
+    for a, b in segments + [(bounds[-1], bounds[-1] + BLAS_MIN_ROWS)]:
+        if b - a < BLAS_MIN_ROWS:
+            run_start = a if run_start is None else run_start
+            continue
+        if run_start is not None:
+            _integer_rows(qt, weights, x[run_start:a], out[run_start:a], scratch)
+            run_start = None
+
+
+def _integer_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
+    if x.shape[0] == 1:
+        matvec_kernel(qt)(weights, out[0], *scratch.activation(qt.act, x.shape[1]).quantize(x[0]))
+    else:
+        matmul_rows(qt, weights, x, out, scratch)
 
 
 def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
