@@ -318,30 +318,6 @@ def vec_dot(w, aqs, ad, asum):
     return acc
 
 
-@fast_kernel
-def vec_dot_1x4(w, aqs, ad, asum, t):
-    """The four values vec_dot(w, aqs[t + i], ad[t + i], asum[t + i]) for i < 4, bit for bit: aqs
-    int8[T, n], ad float32[T, n/256], asum int32[T, n/16], C-contiguous (a batch of q8_k activations).
-
-    The four block_sums of a super-block read the same weight bytes, and LLVM unpacks them once (the
-    batched decode's rows share every weight block); the float steps are vec_dot's (accumulate)."""
-    n, groups = aqs.shape[1], asum.shape[1]
-    qs, sums = aqs.reshape(aqs.size), asum.reshape(asum.size)
-    acc0 = acc1 = acc2 = acc3 = np.float32(0.0)
-    for b in range(n // BLOCK):
-        base = b * BLOCK_BYTES
-        a, g = t * n + b * BLOCK, t * groups + b * (BLOCK // 16)
-        s0, m0 = block_sums(w, base, qs, a, sums, g)
-        s1, m1 = block_sums(w, base, qs, a + n, sums, g + groups)
-        s2, m2 = block_sums(w, base, qs, a + 2 * n, sums, g + 2 * groups)
-        s3, m3 = block_sums(w, base, qs, a + 3 * n, sums, g + 3 * groups)
-        acc0 = accumulate(acc0, ad[t, b], w, base, s0, m0)
-        acc1 = accumulate(acc1, ad[t + 1, b], w, base, s1, m1)
-        acc2 = accumulate(acc2, ad[t + 2, b], w, base, s2, m2)
-        acc3 = accumulate(acc3, ad[t + 3, b], w, base, s3, m3)
-    return acc0, acc1, acc2, acc3
-
-
 # ----- quantization (llama.cpp's quantize_row_q4_K_ref) -----
 
 
