@@ -177,9 +177,14 @@ def _geglu_row(gate, up, out, table):
 
 @fast_kernel
 def _swiglu_row(gate, up, out):
+    """SiLU(g) * up = g * sigmoid(g) * up, sigmoid from e = exp(-|g|) (never overflows) by the
+    vectorised _exp_nonpositive: 1 / (1 + e) for g >= 0, e / (1 + e) below. np.exp here was a scalar
+    libm call per element: 90 us per 14,336-wide row (a Llama-3-8B FFN), 3% of its decode step."""
     for i in range(gate.shape[0]):
         g = gate[i]
-        out[i] = g / (np.float32(1.0) + np.exp(-g)) * up[i]
+        e = _exp_nonpositive(-abs(g))
+        sigmoid = (np.float32(1.0) if g >= np.float32(0.0) else e) / (np.float32(1.0) + e)
+        out[i] = g * sigmoid * up[i]
 
 
 @fast_kernel(parallel=True)
