@@ -1,13 +1,14 @@
 """Where the time of a forward pass goes, op by op.
 
-    python scripts/profile_ops.py [MODEL] [-t THREADS] [--decode N] [--prefill N]
+    python scripts/profile_ops.py [MODEL] [-t THREADS] [--decode N] [--prefill N] [--batch S]
 
 Wraps every op of the loaded model's backend in a timer (perf_counter_ns around each call; matrix
 products are labelled by tensor name, the layer index dropped) and runs N decode steps (after a short
 prompt, so attention sees a cache) and one prefill of N tokens. Prints, per label, ms per token (decode)
 or per pass (prefill), the share of the total, calls per token, and the weight bytes streamed per second
 for matrix products. "(outside ops)" is the wall time not spent inside any op: Python in the decoder,
-the timers themselves included (~0.3 us a call).
+the timers themselves included (~0.3 us a call). With --batch S, the decode steps are the server's:
+S sequences in a paged cache, each step one forward_batch with one row per sequence (times per step).
 """
 
 from __future__ import annotations
@@ -79,7 +80,44 @@ def report(timer: OpTimer, wall_ns: int, per: int, unit: str):
         calls = timer.calls.get(label, 0) / per
         gbs = timer.bytes.get(label, 0) / ns if timer.bytes.get(label) else float("nan")
         print(f"{label:34} {ns / per / 1e6:10.3f} {100 * ns / wall_ns:6.1f}% {calls:10.1f} {gbs:7.1f}")
-    print(f"{'total':34} {wall_ns / per / 1e6:10.3f}   ({per * 1e9 / wall_ns:.1f} tok/s" + (")" if unit == "token" else f" of prompt, {per} tokens)"))
+    rate = {"token": "tok/s", "step": "steps/s"}.get(unit, "")
+    print(f"{'total':34} {wall_ns / per / 1e6:10.3f}   ({per * 1e9 / wall_ns:.1f} {rate})")
+
+
+def batched_decode(model, timer, n_seqs: int, steps: int, rng) -> None:
+    """The server's decode step: n_seqs sequences (32-token random prompts) in a paged cache, one row each."""
+    from localllm.model.kv_paged import LayoutBuilder, PagedKVCache, SequenceBlocks
+
+    decoder, bs = model.decoder, 16
+    n_pos = 40 + steps + 8
+    cache = PagedKVCache(model.backend, decoder.hp, n_seqs * (-(-n_pos // bs)) + 2, bs)
+    builder = LayoutBuilder(bs, max_rows=64, max_seqs=n_seqs)
+    seqs = []
+    for _ in range(n_seqs):
+        blocks = SequenceBlocks()
+        blocks.reserved = -(-n_pos // bs)
+        cache.pool.reserve(blocks.reserved)
+        blocks.ensure(cache.pool, n_pos)
+        prompt = rng.integers(0, decoder.hp.n_vocab, 32).astype(np.int32)
+        decoder.forward_batch(cache, builder.build([(blocks, prompt, 0)], 0), np.array([31], np.int32))
+        seqs.append(blocks)
+    tokens = np.zeros(n_seqs, np.int32)
+    rows = np.arange(n_seqs, dtype=np.int32)
+
+    def step(pos):
+        layout = builder.build([(b, tokens[i : i + 1], pos) for i, b in enumerate(seqs)], n_rowwise=n_seqs)
+        logits = decoder.forward_batch(cache, layout, rows)
+        tokens[:] = logits.argmax(axis=1)
+
+    for pos in range(32, 40):  # warm-up
+        step(pos)
+    timer.reset()
+    t0 = time.perf_counter_ns()
+    for pos in range(40, 40 + steps):
+        step(pos)
+    wall = time.perf_counter_ns() - t0
+    print(f"\nbatched decode, {n_seqs} sequences, {steps} steps at positions 40..{39 + steps}")
+    report(timer, wall, steps, "step")
 
 
 def main():
@@ -88,6 +126,7 @@ def main():
     parser.add_argument("-t", "--threads", type=int, default=None)
     parser.add_argument("--decode", type=int, default=64)
     parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--batch", type=int, default=0, help="decode S sequences per step (the server's batched step)")
     args = parser.parse_args()
 
     model = localllm.load(args.model, n_ctx=max(args.prefill, 64 + args.decode) + 16, threads=args.threads)
@@ -96,7 +135,9 @@ def main():
     timer = OpTimer(model.backend, weight_labels(decoder))
     print(f"{model.path.name}, {model.backend.threads} thread(s)")
 
-    if args.decode:
+    if args.decode and args.batch:
+        batched_decode(model, timer, args.batch, args.decode, rng)
+    elif args.decode:
         session = model.new_session()
         prompt = rng.integers(0, decoder.hp.n_vocab, 32).astype(np.int32)
         decoder.forward(prompt, 0, session.cache)
