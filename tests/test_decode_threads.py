@@ -104,3 +104,11 @@ def test_ops_outside_a_step_get_the_last_choice(clock):
     assert governor.now() == 1  # before any step: one thread
     run_steps(governor, clock, 20, lambda s: 0.010 if s == 2 else 0.014)
     assert governor.now() == 2
+
+
+def test_steps_of_many_rows_use_every_thread_unmeasured(clock):
+    governor = DecodeThreads(2)
+    rows = DecodeThreads.GOVERNED_MAX_ROWS + 1
+    assert run_steps(governor, clock, 5, lambda s: 0.050 if s == 2 else 0.010, rows=rows) == [2] * 5
+    assert rows not in governor._sizes
+    assert run_steps(governor, clock, 2, lambda s: 0.010, rows=1) == [1, 1]  # small steps: measured as before

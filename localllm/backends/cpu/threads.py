@@ -51,8 +51,14 @@ class DecodeThreads:
     machine one such step took 0.2-0.6 s instead of 0.01, measured. Step times are compared per number
     of rows (the server's steps vary in size) through exponential moving averages: a step's time grows
     slowly with the context, and both averages are refreshed at every try, so they stay comparable.
-    Steps start on one thread; the first try of all threads is the third step."""
+    Steps start on one thread; the first try of all threads is the third step. Steps of more than
+    GOVERNED_MAX_ROWS rows always get all threads."""
 
+    # Steps of more rows (a prompt chunk, a server step carrying one) use all threads unmeasured: their
+    # parallel regions are long (each weight row meets many activation rows), and a prompt's sizes rarely
+    # repeat, so measuring would run most of them on the first steps' one thread (a 17-token prompt
+    # took ~1.6x as long so).
+    GOVERNED_MAX_ROWS = 8
     EXPLORE_EVERY = 16  # steps of a size between two tries of the setting not in use ...
     EXPLORE_MAX = 256  # ... doubling each time a try confirms the choice, up to this
     SMOOTHING = 0.3  # weight of the newest step in a moving average
@@ -72,6 +78,10 @@ class DecodeThreads:
     def begin(self, rows: int = 1) -> int:
         if self.threads == 1:
             return 1
+        if rows > self.GOVERNED_MAX_ROWS:
+            self._running = self._deadline = None
+            self.current = self.threads
+            return self.current
         stats = self._sizes.get(rows)
         if stats is None:
             stats = self._sizes[rows] = _StepStats(self.EXPLORE_EVERY)
