@@ -143,17 +143,21 @@ def _pack_acts(qs, d, t0, n_groups, width):
     """(pq, pd): the activation rows min(t0 + width * g + i, T - 1), i < width, g < n_groups, of
     qs int8[T, n], d float32[T, nb], grouped so that block b of a group's rows is in one place:
         pq int8[G, nb*width*256]   pq[g, (b * width + i) * 256 + j] = qs[t, 256 b + j] (rows 64-byte aligned)
-        pd float32[G, nb*width]    pd[g, b * width + i] = d[t, b]"""
+        pd float32[G, nb*width]    pd[g, b * width + i] = d[t, b]
+    (Element loops on row views: 3-8x faster than slice assignments, measured at T = 8.)"""
     n_blocks = d.shape[1]
     last = qs.shape[0] - 1
     pq = _aligned_rows(np.empty(n_groups * n_blocks * width * 256 + 64, dtype=np.int8), n_groups)
     pd = np.empty((n_groups, n_blocks * width), dtype=np.float32)
     for g in range(n_groups):
+        dst = pq[g]
         for i in range(width):
             t = min(t0 + width * g + i, last)
+            src = qs[t]
             for b in range(n_blocks):
                 at = b * width + i
-                pq[g, at * 256 : at * 256 + 256] = qs[t, 256 * b : 256 * b + 256]
+                for j in range(256):
+                    dst[at * 256 + j] = src[256 * b + j]
                 pd[g, at] = d[t, b]
     return pq, pd
 
@@ -168,27 +172,12 @@ def q4_k_pack(qs, d, s, t0, n_groups, width):
     last = qs.shape[0] - 1
     ps = _aligned_rows(np.empty(n_groups * n_blocks * width * 8 + 32, dtype=np.int16), n_groups)
     for g in range(n_groups):
+        dst = ps[g]
         for i in range(width):
-            t = min(t0 + width * g + i, last)
+            src = s[min(t0 + width * g + i, last)]
             for b in range(n_blocks):
                 for k in range(8):
-                    ps[g, (b * width + i) * 8 + k] = s[t, 16 * b + 2 * k] + s[t, 16 * b + 2 * k + 1]
-    return pq, pd, ps
-
-
-@exact_kernel
-def q6_k_pack(qs, d, s, t0, n_groups, width):
-    """(pq, pd, ps) for the Q6_K kernels: _pack_acts's, and the 16-element activation sums as they are:
-        ps int32[G, nb*width*16]   ps[g, (b * width + i) * 16 + k] = s[t, 16 b + k]"""
-    pq, pd = _pack_acts(qs, d, t0, n_groups, width)
-    n_blocks = d.shape[1]
-    last = qs.shape[0] - 1
-    ps = _aligned_rows(np.empty(n_groups * n_blocks * width * 16 + 16, dtype=np.int32), n_groups)
-    for g in range(n_groups):
-        for i in range(width):
-            t = min(t0 + width * g + i, last)
-            for b in range(n_blocks):
-                ps[g, (b * width + i) * 16 : (b * width + i) * 16 + 16] = s[t, 16 * b : 16 * b + 16]
+                    dst[(b * width + i) * 8 + k] = src[16 * b + 2 * k] + src[16 * b + 2 * k + 1]
     return pq, pd, ps
 
 
@@ -248,7 +237,7 @@ def _q4_k_float(v, row, base, ints, ad, acc):
 
 def _q6_k_shared(v, row, base):
     """(unsigned quants u = q + 32 <64 x i8> for the 4 runs of 64 elements, their group scales
-    <32 x i16>, -32 * scale_g as words <32 x i16> (lane 2g; lane 2g + 1 zero) for the int32 group sums)."""
+    <32 x i16>, -32 * scale_g as words <32 x i16> (lane 16i + g, for two rows' int16 group sums))."""
     scales = v.widen(v.load(None, row, v.offset(base, q6_k._SCALES), q6_k.N_GROUPS), 16)
     quants, group_scales = [], []
     for h in range(2):
@@ -259,25 +248,47 @@ def _q6_k_shared(v, row, base):
         for j in range(2):
             group_scales.append(v.pick_words(v.shuffle(scales, range(8 * h, 8 * h + 8)), [4 * j + i // 8 for i in range(32)]))
     offsets = v.builder.mul(scales, v.constant(-32, 16, 16))  # |32 * scale| <= 4096: int16
-    zeros = ir.Constant(offsets.type, [0] * 16)
-    words = v.builder.shuffle_vector(offsets, zeros, v._lane_list([g // 2 if g % 2 == 0 else 16 for g in range(32)]))
-    return quants, group_scales, words
+    return quants, group_scales, v.shuffle(offsets, list(range(16)) * 2)
 
 
 def _q6_k_ints(v, unpacked, acts, sums, n_rows):
-    """<R x i32>: each row's sum_g scale_g * <u_g - 32, a_g>. Per row 16 lanes: the -32 offsets first
-    (an int32 group sum, of int16 range, read as words (value, sign) times (-32 scale_g, 0) is exact),
-    then 4 x vpmaddubsw + vpmaddwd; then all reduced together."""
+    """<R x i32>: each row's sum_g scale_g * <u_g - 32, a_g>. Per row 16 lanes of 4 x vpmaddubsw +
+    vpmaddwd, reduced two rows into one vector; then the -32 offsets, one vpmaddwd per two rows on their
+    int16 group sums (lanes in the same order), added; then all reduced together."""
     quants, scales, offset_words = unpacked
     rows = []
     for i in range(n_rows):
-        acc = v.scale_pairs_wide(v.bitcast(v.load(None, sums, ir.Constant(I32, 16 * i), 16), 32, 16), offset_words)
+        acc = None
         for c, (q, s) in enumerate(zip(quants, scales)):
             a = v.load(None, acts, ir.Constant(I32, 256 * i + 64 * c), 64)
             acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(q, a), s))
         rows.append(acc)
-    (ints,), _ = _reduce(v, rows, 1)
+    pairs, _ = _reduce(v, rows, 1, until=8)  # rows 2j, 2j+1: [8 partials | 8 partials]
+    pairs = [
+        v.builder.add(pair, v.scale_pairs_wide(v.load(None, sums, ir.Constant(I32, 32 * j), 32), offset_words))
+        for j, pair in enumerate(pairs)
+    ]
+    (ints,), _ = _reduce(v, pairs, 2)
     return ints
+
+
+@exact_kernel
+def q6_k_pack(qs, d, s, t0, n_groups, width):
+    """(pq, pd, ps) for the Q6_K kernels: _pack_acts's, and the 16-element activation sums as int16
+    (|sum| <= 16 * 127):
+        ps int16[G, nb*width*16]   ps[g, (b * width + i) * 16 + k] = s[t, 16 b + k]"""
+    pq, pd = _pack_acts(qs, d, t0, n_groups, width)
+    n_blocks = d.shape[1]
+    last = qs.shape[0] - 1
+    ps = _aligned_rows(np.empty(n_groups * n_blocks * width * 16 + 32, dtype=np.int16), n_groups)
+    for g in range(n_groups):
+        dst = ps[g]
+        for i in range(width):
+            src = s[min(t0 + width * g + i, last)]
+            for b in range(n_blocks):
+                for k in range(16):
+                    dst[(b * width + i) * 16 + k] = src[16 * b + k]
+    return pq, pd, ps
 
 
 def _q6_k_float(v, row, base, ints, ad, acc):
