@@ -42,16 +42,26 @@ def rope_inv_freqs(n_rot, base, freq_scale, freq_factors, out):
         out[i] = value
 
 
-@fast_kernel(parallel=True)
-def rope(x, positions, inv_freq, neox):
-    """Rotate x float32[T, H, D] in place; positions int32/int64[T]; inv_freq float32[n_rot/2]."""
-    half = inv_freq.shape[0]
-    for t in prange(x.shape[0]):
+@fast_kernel
+def rope_table(positions, inv_freq, cos, sin):
+    """cos, sin float32[T, n_rot/2] of the angles positions[t] * inv_freq[i], computed in float64 then
+    rounded (a step's table serves q and k of every layer with the same RoPE base)."""
+    for t in range(positions.shape[0]):
         pos = np.float64(positions[t])
-        for i in range(half):
+        for i in range(inv_freq.shape[0]):
             angle = pos * np.float64(inv_freq[i])
-            c = np.float32(math.cos(angle))
-            s = np.float32(math.sin(angle))
+            cos[t, i] = np.float32(math.cos(angle))
+            sin[t, i] = np.float32(math.sin(angle))
+
+
+@fast_kernel(parallel=True)
+def rope(x, cos, sin, neox):
+    """Rotate x float32[T, H, D] in place by the angles of rope_table (cos, sin float32[T, n_rot/2])."""
+    half = cos.shape[1]
+    for t in prange(x.shape[0]):
+        for i in range(half):
+            c = cos[t, i]
+            s = sin[t, i]
             for h in range(x.shape[1]):
                 if neox:
                     a = x[t, h, i]
