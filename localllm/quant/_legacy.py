@@ -24,7 +24,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .vector import VectorCode, grid_dot_intrinsic, pair_grid_dots
+from .pairs import pair_grid_dots, pair_lane, pair_lanes
+from .vector import VectorCode, grid_dot_intrinsic
 
 BLOCK = 32
 
@@ -183,7 +184,7 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
 
 def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
     """pair_terms(v, w, pq, pd, ps, b, half, prefetch) for a zero-point type (Q4_0, Q5_0): block_terms
-    against an activation pair (vector.pair_activations, whose ps holds each row's zero correction in the
+    against an activation pair (pairs.pair_activations, whose ps holds each row's zero correction in the
     lane block_terms starts it in), both rows in 512-bit vectors for half None, else row half."""
 
     def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
@@ -197,11 +198,11 @@ def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
         at64 = builder.mul(b, ir.Constant(b.type, 2 * BLOCK))
         if half is None:
             acts = v.load(None, pq, at64, 2 * BLOCK)
-            ints = v.dot_quads(v.join(quants, quants), acts, v.pair_lanes(ps, b, spread, starts=True))
-            return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), v.pair_lanes(pd, b, spread), flags=v.PINNED)
+            ints = v.dot_quads(v.join(quants, quants), acts, pair_lanes(v, ps, b, spread, starts=True))
+            return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
         acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
-        ints = v.dot_quads(quants, acts, _first_lane(v, v.pair_lane(ps, b, half, spread), 8))
-        act_scale = v.pair_lane(pd, b, half, spread)
+        ints = v.dot_quads(quants, acts, _first_lane(v, pair_lane(v, ps, b, half, spread), 8))
+        act_scale = pair_lane(v, pd, b, half, spread)
         return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 
     return pair_terms

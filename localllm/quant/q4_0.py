@@ -59,11 +59,12 @@ row_dot = row_dot_kernel(block_terms)
 # (batched decode), each result equal to vec_dot's (vector.grid_dot_intrinsic).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (vector.pair_activations, compact or spread layout): one weight row
-# against 8, 4 or 2 rows.
+# Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): one or four weight
+# rows against 8, 4 or 2 activation rows, by name (pairs.pair_kernel_names).
 ZERO_POINT = 8
+QUAD_ZERO = 0  # (Q8_0's per-lane starts: pairs.py)
 pair_terms = pair_terms_kernel(BLOCK_BYTES, qs_offset=2)
-dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2 = pair_grid_dots(pair_terms)
+PAIR_KERNELS = pair_grid_dots(pair_terms)
 
 
 @fast_kernel

@@ -17,7 +17,8 @@ from numba.extending import intrinsic
 from . import QuantType
 from .jit import exact_kernel, fast_kernel, read_f16
 from .q8_k import as_blocks, as_float_blocks
-from .vector import VectorCode, grid_dot_intrinsic, pair_grid_dots
+from .pairs import dot_quads_offset_wide, dot_quads_signed_wide, pair_grid_dots, pair_lane, pair_lanes
+from .vector import VectorCode, grid_dot_intrinsic
 
 BLOCK = 32
 BLOCK_BYTES = 34
@@ -88,8 +89,10 @@ def row_dot(typingctx, w, aqs, ad, n_blocks):
 
 
 def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
-    """block_terms against an activation pair (vector.pair_activations; ps unused): both rows in 512-bit
-    vectors for half None (the sign applied by a masked negation: AVX-512 has no vpsignb), else row half."""
+    """block_terms against an activation pair (pairs.pair_activations): both rows in 512-bit vectors for
+    half None, else row half (ps unused). Both rows: in the spread layout the weights as unsigned bytes
+    w + 128 from ps's per-lane starts (QUAD_ZERO, see pairs.py); in the compact one, which has no room for
+    those, the activations take the weights' signs by a masked negation (AVX-512 has no vpsignb)."""
     builder = v.builder
     base = builder.mul(b, ir.Constant(b.type, BLOCK_BYTES))
     quants = v.load(None, w, v.offset(base, 2), BLOCK)
@@ -97,15 +100,19 @@ def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
         v.prefetch(None, prefetch, base)
     if half is None:
         acts = v.load(None, pq, builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), 2 * BLOCK)
-        ints = v.dot_quads_signed_wide(v.join(quants, quants), acts)
-        return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), v.pair_lanes(pd, b, spread), flags=v.PINNED)
+        if spread:
+            ints = dot_quads_offset_wide(v, v.join(quants, quants), acts, pair_lanes(v, ps, b, spread))
+        else:
+            ints = dot_quads_signed_wide(v, v.join(quants, quants), acts)
+        return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
     acts = v.load(None, pq, v.offset(builder.mul(b, ir.Constant(b.type, 2 * BLOCK)), BLOCK * half), BLOCK)
     ints = v.dot_quads_signed(quants, acts)
-    act_scale = v.pair_lane(pd, b, half, spread)
+    act_scale = pair_lane(v, pd, b, half, spread)
     return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 
 
-ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (vector.pair_activations)
+ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (pairs.pair_activations)
+QUAD_ZERO = 128  # the batched decode's offset for unsigned weight bytes (pairs.py)
 # From this size (beyond the 32 MiB L3 of the Zen 5 machine measured) the decode matvec goes row by row
 # (vec_dot): streamed from memory, one row at a time ran at 41 GB/s, dot_4x1 at 36 (backends/cpu/drivers).
 ONE_ROW_MIN_BYTES = 32 << 20
@@ -114,9 +121,9 @@ ONE_ROW_MIN_BYTES = 32 << 20
 # one activation (the decode matvec), one weight row against four activation rows (batched decode).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (vector.pair_activations, compact or spread layout): one weight row
-# against 8, 4 or 2 rows.
-dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2 = pair_grid_dots(pair_terms)
+# Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): one or four weight
+# rows against 8, 4 or 2 activation rows, by name (pairs.pair_kernel_names).
+PAIR_KERNELS = pair_grid_dots(pair_terms)
 
 
 @fast_kernel

@@ -1,7 +1,7 @@
 """Vector building blocks for the block dot products: `VectorCode` (LLVM IR for a few vector operations,
-emitted from inside Numba intrinsics, per instruction set), the grid and pair dot-product intrinsics
-built on it, and the activation-pair layout of the batched decode. Every quant type's fast kernels are
-made from these; the instruction-set paths give identical integers (tests/test_quant_isa.py).
+emitted from inside Numba intrinsics, per instruction set) and the grid dot-product intrinsics built on
+it (the batched decode's pair kernels, built on the same, are in pairs.py). Every quant type's fast
+kernels are made from these; the instruction-set paths give identical integers (tests/test_quant_isa.py).
 """
 
 from __future__ import annotations
@@ -11,8 +11,6 @@ from llvmlite import binding as llvm_binding
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-from .jit import exact_kernel
 
 # ----- Vector building blocks for the block dot products -----
 #
@@ -304,31 +302,6 @@ class VectorCode:
             args = [start, self.bitcast(unsigned_bytes, lanes, 32), self.bitcast(signed_bytes, lanes, 32)]
         return self._x86(f"llvm.x86.avx512.vpdpbusd.{32 * lanes}", args, self.vector_type(lanes, 32))
 
-    def pair_lanes(self, pointer, b, spread: bool, starts: bool = False):
-        """Block b's <16 x ...> from a pair array (pd, or ps with starts): loaded (spread layout), or its
-        two values spread (compact): 8 lanes each, or, with starts, lanes 0 and 8 with zeros elsewhere."""
-        if spread:
-            return self.load(None, pointer, self.builder.mul(b, ir.Constant(b.type, 16)), 16)
-        two = self.load(None, pointer, self.builder.mul(b, ir.Constant(b.type, 2)), 2)
-        if not starts:
-            return self.shuffle(two, [0] * 8 + [1] * 8)
-        zeros = ir.Constant(two.type, [0, 0])
-        return self.builder.shuffle_vector(two, zeros, self._lane_list([0] + [2] * 7 + [1] + [2] * 7))
-
-    def pair_lane(self, pointer, b, half, spread: bool):
-        """Row half's value of block b in a pair array (its lane 0 in the spread layout)."""
-        width = 8 if spread else 1
-        return self.load_scalar(None, pointer, self.offset(self.builder.mul(b, ir.Constant(b.type, 2 * width)), width * half))
-
-    def dot_quads_signed_wide(self, x, y, start=None):
-        """dot_quads_signed on 64 bytes -> <16 x i32> (avx512_vnni only): |x| times y with x's sign, the
-        sign applied by a masked negation (AVX-512 has no vpsignb; where x is 0 the product is 0 anyway)."""
-        builder = self.builder
-        magnitude = self._x86("llvm.abs.v64i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
-        negative = builder.icmp_signed("<", x, self.constant(0, 64, 8))
-        signed = builder.select(negative, builder.sub(self.constant(0, 64, 8), y), y)
-        return self._vpdpbusd(start, magnitude, signed)
-
     def dot_quads(self, unsigned_bytes, signed_bytes, start=None):
         """<32 x i8> (as unsigned, <= 127) * <32 x i8> (signed) -> <8 x i32> (+ start)."""
         if self.vnni:
@@ -529,7 +502,7 @@ class VectorCode:
             start = builder.insert_element(start, value, ir.Constant(ir.IntType(32), 8 * k))
         return builder.fadd(acc, builder.call(fma, [values, scale, start]), flags=self.PINNED)
 
-    def grid_sum(self, n_blocks, block, n_dots: int, lanes: int = 8):
+    def grid_sum(self, n_blocks, block, n_dots: int, lanes: int = 8, reduce: bool = True):
         """n_dots dot products at once, interleaved block by block: block(b, i) returns dot i's
         (ints, scale[, extra]) for block b, as row_sum's block(b) does. Returns the n_dots float32 totals.
 
@@ -542,6 +515,7 @@ class VectorCode:
 
         lanes 16: each block(b, i) gives two dots side by side (lanes 0-7 and 8-15, every operation lane
         by lane, so each half is what 8 lanes give alone); returns 2 * n_dots totals, in that order.
+        reduce False: the n_dots float accumulators instead, for the caller to sum in float_sum's order.
         """
         builder = self.builder
         zero = ir.Constant(ir.VectorType(ir.FloatType(), lanes), [0.0] * lanes)
@@ -551,6 +525,8 @@ class VectorCode:
                 ints, scale, *extra = block(loop.index, i)
                 extra = extra[0] if extra else None
                 builder.store(self._accumulate(builder.load(acc_pointer), ints, scale, extra), acc_pointer)
+        if not reduce:
+            return [builder.load(acc_pointer) for acc_pointer in accs]
         totals = []
         for acc_pointer in accs:
             acc = builder.load(acc_pointer)
@@ -598,108 +574,3 @@ def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):
         return sig, codegen
 
     return grid_dot
-
-
-# ----- Batched decode: activation rows in pairs, two to a 512-bit vector -----
-#
-# matvec_rows (the server's batched decode) dots each weight row with T activation rows. Per block and
-# activation row the work is a few integer and float vector operations on eight lanes; with AVX-512 two
-# activation rows go side by side in one 512-bit vector (lanes 0-7 and 8-15), so each operation serves
-# two rows (Zen 5 runs 512-bit vpdpbusd / FMA at the 256-bit rate, measured). For that the activations
-# are first rearranged (pair_activations, once per matmul: O(T*K)) so that each operand is one load:
-#   pq int8[P, nb*64]      block b of rows 2p and 2p+1: pq[p, 64b : 64b+32], pq[p, 64b+32 : 64b+64]
-#   pd float32[P, nb*w]    their scales
-#   ps int32[P, nb*w]      the zero-point types' corrections -zero * asum, which start lanes 0 and 8 (as
-#                          block_terms starts lane 0)
-# in one of two layouts. "Spread" (w = 16): each scale repeated over its row's 8 lanes, each correction
-# in its lane with zeros around it, so that they are plain loads; the fastest while the pairs stay in
-# the L1 cache. "Compact" (w = 2): the two values per block, spread by a shuffle; the same bytes as the
-# activation arrays themselves. The kernels dot one weight row with all the pairs, so the spread layout
-# of a long row (K = 4096: 96 KiB for 8 rows) is read from L2 for every weight row, and ran slower than
-# the one-row-at-a-time kernels; the driver takes the compact one above SPREAD_MAX_BYTES.
-# Every lane then sees exactly the integer sum of the one-row kernel's lane and the same float operations,
-# so every result is bit-identical.
-
-
-@exact_kernel
-def aligned_rows(buffer, n_rows):
-    """[n_rows, m] view of the 1D buffer (one 64-byte line longer than n_rows * m elements) starting at a
-    64-byte boundary, so that every 64-byte block of a row is one cache line (rows are whole lines long).
-    Numba allocates on 32-byte boundaries: half the 512-bit loads would straddle two lines."""
-    skip = ((-buffer.ctypes.data) % 64) // buffer.itemsize
-    m = (buffer.shape[0] - 64 // buffer.itemsize) // max(n_rows, 1)
-    return buffer[skip : skip + n_rows * m].reshape((n_rows, m))
-
-
-SPREAD_MAX_BYTES = 32768  # the largest spread layout (pq + pd + ps) the driver uses; measured at K 640 / 4096
-
-
-@exact_kernel
-def pair_activations(qs, d, s, zero, pq, pd, ps):
-    """Fill pq, pd, ps (as above; [P, ...] with P = (T + 1) // 2, an odd last row paired with itself; the
-    layout from pd's width) from the q8_0 activation rows qs int8[T, K], d float32[T, nb], s int32[T, nb];
-    zero: the weight type's zero point (0 for none)."""
-    n_blocks = d.shape[1]
-    width = pd.shape[1] // max(n_blocks, 1) // 2  # lanes per row: 8 (spread) or 1 (compact)
-    for p in range(pq.shape[0]):
-        for b in range(n_blocks):
-            for half in range(2):
-                t = min(2 * p + half, qs.shape[0] - 1)
-                for j in range(32):
-                    pq[p, 64 * b + 32 * half + j] = qs[t, 32 * b + j]
-                at = 2 * width * b + width * half
-                for j in range(width):
-                    pd[p, at + j] = d[t, b]
-                    ps[p, at + j] = 0
-                ps[p, at] = -zero * s[t, b]
-
-
-def pair_grid_dot_intrinsic(pair_terms, n_pairs: int, spread: bool):
-    """An intrinsic grid_dot(weights, r0, pq, pd, ps, p0, n_blocks) -> UniTuple(float32, 2 * n_pairs): weight
-    row r0 (weights: uint8[N, row_bytes]) against the activation pairs p0..p0+n_pairs-1 (pair_activations),
-    in row order (2 p0, 2 p0 + 1, ...); each result equals the type's one-row vec_dot bit for bit.
-
-    pair_terms(v, w, pq, pd, ps, b, half, prefetch, spread) emits block b's (ints, scale) for the pair at
-    element pointers pq, pd, ps (in the spread or compact layout): both rows side by side (<16 x i32>,
-    <16 x float>) for half None, used where the target has AVX-512 BW and VNNI; else row `half` (0 or 1)
-    alone, as block_terms would (<8 x ...>)."""
-
-    @intrinsic
-    def grid_dot(typingctx, weights, r0, pq, pd, ps, p0, n_blocks):
-        sig = types.UniTuple(types.float32, 2 * n_pairs)(weights, r0, pq, pd, ps, p0, n_blocks)
-
-        def codegen(context, builder, signature, args):
-            weights_, r0_, pq_, pd_, ps_, p0_, n_blocks_ = args
-            w_type, _, pq_type, pd_type, ps_type, _, _ = signature.args
-            v = VectorCode(context, builder)
-            row = v.row_pointer(w_type, weights_, r0_)
-            pairs = [
-                tuple(v.row_pointer(t, a, v.offset(p0_, j)) for t, a in ((pq_type, pq_), (pd_type, pd_), (ps_type, ps_)))
-                for j in range(n_pairs)
-            ]
-            if v.avx512_vnni:
-
-                def block(b, i):
-                    return pair_terms(v, row, *pairs[i], b, None, row if i == 0 else None, spread)
-
-                totals = v.grid_sum(n_blocks_, block, n_pairs, lanes=16)
-            else:
-
-                def block(b, i):
-                    pair, half = divmod(i, 2)
-                    return pair_terms(v, row, *pairs[pair], b, half, row if i == 0 else None, spread)
-
-                totals = v.grid_sum(n_blocks_, block, 2 * n_pairs)
-            return context.make_tuple(builder, signature.return_type, totals)
-
-        return sig, codegen
-
-    return grid_dot
-
-
-def pair_grid_dots(pair_terms):
-    """The six batched-decode kernels a type's pair_terms gives (one weight row against 8, 4 or 2
-    activation rows, on the compact and on the spread pair layout), in the order
-        dot_pairs_1x8, dot_pairs_1x4, dot_pairs_1x2, dot_spread_1x8, dot_spread_1x4, dot_spread_1x2
-    (the names the generated drivers import from the type's module)."""
-    return tuple(pair_grid_dot_intrinsic(pair_terms, n_pairs, spread) for spread in (False, True) for n_pairs in (4, 2, 1))

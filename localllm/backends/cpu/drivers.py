@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ...quant.kquant_rows import ROW_KERNELS
+from ...quant.pairs import pair_kernel_names
 
 # The prefill's row dequantizers, the same in every per-type driver module.
 ROW_HELPERS = '''@numba.njit(parallel=True, cache=True, nogil=True)
@@ -137,17 +138,19 @@ def matvec_rows(weights, out, qs, d, s):
 
 # For the types whose module also has pair kernels (dot_pairs_1x8 and the like: one weight row against
 # activation rows taken in pairs, two rows to a 512-bit vector where the target has AVX-512, each result
-# equal to vec_dot's bit for bit, see quant.vector.pair_grid_dot_intrinsic): GRID_TEMPLATE's matvec with a
+# equal to vec_dot's bit for bit, see quant.pairs): GRID_TEMPLATE's matvec with a
 # batched matvec on them.
 PAIRS_ROWS_TEMPLATE = """
 
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath=True)
 def matvec_rows(weights, out, qs, d, s):
     \"\"\"weights uint8[N, row_bytes]; out float32[T, N]; the activations (qs, d, s) [T, ...] in the q8_0
-    pairing format, rearranged into pairs once (pair_activations: the spread layout while it is at most
-    SPREAD_MAX_BYTES, else the compact one), then each weight row is dotted with them eight rows at a
-    time, then four, then two; an odd last row is paired with itself (both halves give its value). Every
-    out[t, r] equals the one-row matvec's, so a row's result does not depend on T (batched decode).
+    pairing format, rearranged into pairs once (pair_activations: the spread layout while a group of four
+    pairs is at most SPREAD_MAX_BYTES, else the compact one), then the weight rows are taken CHUNK_ROWS at
+    a time, each chunk against the pairs eight rows at a time (all its rows against one group, then the
+    next group), then four, then two, PAIR_ROWS weight rows a call (the rest of a chunk one by one); an
+    odd last row is paired with itself (both halves give its value, store_dots writes it twice).
+    Every out[t, r] equals the one-row matvec's, so a row's result does not depend on T (batched decode).
     One row is the one-row matvec itself.\"\"\"
     n_blocks = d.shape[1]
     n_rows = out.shape[0]
@@ -156,43 +159,60 @@ def matvec_rows(weights, out, qs, d, s):
         return
     pairs = (n_rows + 1) // 2
     last = n_rows - 1  # with T odd, the last pair is row T - 1 twice: both results land in out[T - 1]
-    spread = pairs * n_blocks * 192 <= SPREAD_MAX_BYTES
+    spread = n_blocks * SPREAD_BLOCK_BYTES <= SPREAD_MAX_BYTES
     width = 16 if spread else 2
     pq = aligned_rows(np.empty(pairs * n_blocks * 64 + 64, dtype=np.int8), pairs)
     pd = aligned_rows(np.empty(pairs * n_blocks * width + 16, dtype=np.float32), pairs)
     ps = aligned_rows(np.empty(pairs * n_blocks * width + 16, dtype=np.int32), pairs)
-    pair_activations(qs, d, s, ZERO_POINT, pq, pd, ps)
+    pair_activations(qs, d, s, ZERO_POINT, QUAD_ZERO, pq, pd, ps)
     eights = pairs // 4
     fours = (pairs - 4 * eights) // 2
     twos = pairs - 4 * eights - 2 * fours
-    for r in prange(weights.shape[0]):
+    n_weights = weights.shape[0]
+    for c in prange((n_weights + CHUNK_ROWS - 1) // CHUNK_ROWS):
+        r0 = c * CHUNK_ROWS
+        r1 = min(r0 + CHUNK_ROWS, n_weights)
+        r4 = r0 + (r1 - r0) // PAIR_ROWS * PAIR_ROWS
         for g in range(eights):
-            t = 8 * g
             if spread:
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
-                 out[t + 6, r], out[min(t + 7, last), r]) = dot_spread_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
+                for r in range(r0, r4, PAIR_ROWS):
+                    store_dots(out, dot_spread_4x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
+                for r in range(r4, r1):
+                    store_dots(out, dot_spread_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
             else:
-                (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t + 5, r],
-                 out[t + 6, r], out[min(t + 7, last), r]) = dot_pairs_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks)
+                for r in range(r0, r4, PAIR_ROWS):
+                    store_dots(out, dot_pairs_4x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
+                for r in range(r4, r1):
+                    store_dots(out, dot_pairs_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
         if fours:
-            t = 8 * eights
             if spread:
-                out[t, r], out[t + 1, r], out[t + 2, r], out[min(t + 3, last), r] = dot_spread_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
+                for r in range(r0, r4, PAIR_ROWS):
+                    store_dots(out, dot_spread_4x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
+                for r in range(r4, r1):
+                    store_dots(out, dot_spread_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
             else:
-                out[t, r], out[t + 1, r], out[t + 2, r], out[min(t + 3, last), r] = dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks)
+                for r in range(r0, r4, PAIR_ROWS):
+                    store_dots(out, dot_pairs_4x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
+                for r in range(r4, r1):
+                    store_dots(out, dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
         if twos:
-            t = 2 * pairs - 2
             if spread:
-                out[t, r], out[min(t + 1, last), r] = dot_spread_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
+                for r in range(r0, r4, PAIR_ROWS):
+                    store_dots(out, dot_spread_4x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
+                for r in range(r4, r1):
+                    store_dots(out, dot_spread_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
             else:
-                out[t, r], out[min(t + 1, last), r] = dot_pairs_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks)
+                for r in range(r0, r4, PAIR_ROWS):
+                    store_dots(out, dot_pairs_4x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
+                for r in range(r4, r1):
+                    store_dots(out, dot_pairs_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
 """
 
 PAIRS_HEADER = """import numpy as np
 
-from localllm.quant.vector import SPREAD_MAX_BYTES, aligned_rows, pair_activations
-from {module} import ZERO_POINT, dot_pairs_1x2, dot_pairs_1x4, dot_pairs_1x8, dot_spread_1x2, dot_spread_1x4, dot_spread_1x8
-"""
+from localllm.quant.pairs import CHUNK_ROWS, PAIR_ROWS, SPREAD_BLOCK_BYTES, SPREAD_MAX_BYTES, aligned_rows, pair_activations, store_dots
+from {module} import PAIR_KERNELS, QUAD_ZERO, ZERO_POINT
+""" + "".join(f"{name} = PAIR_KERNELS[{name!r}]\n" for name in pair_kernel_names())
 
 
 # For the super-block types with multi-row kernels in quant.kquant_rows (one weight row against 8 or 4
@@ -255,7 +275,7 @@ def has_grid_kernels(qt) -> bool:
 
 
 def has_pair_kernels(qt) -> bool:
-    return has_grid_kernels(qt) and hasattr(_module(qt), "dot_pairs_1x8")
+    return has_grid_kernels(qt) and hasattr(_module(qt), "PAIR_KERNELS")
 
 
 def _grid_source(qt) -> str:
