@@ -244,3 +244,19 @@ def test_a_step_with_several_prompt_chunks_gives_each_its_single_sequence_logits
     np.testing.assert_array_equal(logits[0], refs["d+"])
     for row, name in zip(logits[1:], "abc"):
         np.testing.assert_array_equal(row, refs[name], err_msg=name)
+
+
+def test_paged_store_rounds_to_float16_as_numpy_does():
+    from localllm.backends.cpu import kernels
+
+    rng = np.random.default_rng(3)
+    src = (rng.standard_normal((5, 2, 64)) * np.logspace(-9, 5, 64, dtype=np.float32)).astype(np.float32)
+    src[0, 0, :8] = [np.inf, -np.inf, np.nan, 65519.0, 65520.0, 6e-8, 2.9e-8, -0.0]  # overflow, subnormal, ties
+    dst = np.zeros((16, 2, 64), np.float16)
+    slots = np.array([7, 0, 15, 3, 9], np.int32)
+    kernels.store_f16_rows(src, dst.view(np.uint16), slots)
+    want = np.zeros_like(dst)
+    with np.errstate(over="ignore"):  # 65520 rounds to inf, as intended
+        want[slots] = src
+    np.testing.assert_array_equal(dst.view(np.uint16)[~np.isnan(want)], want.view(np.uint16)[~np.isnan(want)])
+    assert np.isnan(dst[7, 0, 2])

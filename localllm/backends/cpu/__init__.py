@@ -217,8 +217,8 @@ class CPUBackend(Backend):
     def kv_store_paged(self, cache_k, cache_v, k, v, slots) -> None:
         flat_k = cache_k.reshape(-1, *cache_k.shape[2:])  # views: [NB*BS, Hkv, D]
         flat_v = cache_v.reshape(-1, *cache_v.shape[2:])
-        flat_k[slots] = k  # rounded to float16 as kv_store rounds
-        flat_v[slots] = v
+        kernels.store_f16_rows(k, flat_k.view(np.uint16), slots)  # rounded to float16 as kv_store rounds
+        kernels.store_f16_rows(v, flat_v.view(np.uint16), slots)
 
     def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out) -> None:
         """A sequence with BLAS_MIN_ROWS rows or more in this step (a prefill chunk) goes through BLAS

@@ -75,6 +75,18 @@ def rope(x, cos, sin, neox):
                     x[t, h, 2 * i + 1] = a * s + b * c
 
 
+@exact_kernel
+def store_f16_rows(src, dst, slots):
+    """dst[slots[t]] = src[t] rounded to float16 (nearest even, as NumPy rounds): src float32[T, H, D],
+    dst the cache's float16 bits uint16[N, H, D]. One pass instead of NumPy's fancy-index assignment
+    (31 us for the 8 rows of a server step, most of it per-call overhead)."""
+    for t in range(src.shape[0]):
+        slot = slots[t]
+        for h in range(src.shape[1]):
+            for i in range(src.shape[2]):
+                dst[slot, h, i] = f32_to_f16_bits(src[t, h, i])
+
+
 @fast_kernel
 def _dot_f16(a, bits):
     """a float32[D] . b, b given as float16 bits uint16[D]."""
