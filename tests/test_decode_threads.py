@@ -106,9 +106,12 @@ def test_ops_outside_a_step_get_the_last_choice(clock):
     assert governor.now() == 2
 
 
-def test_steps_of_many_rows_use_every_thread_unmeasured(clock):
+
+def test_prompt_sizes_share_their_size_class_and_are_judged_per_row(clock):
     governor = DecodeThreads(2)
-    rows = DecodeThreads.GOVERNED_MAX_ROWS + 1
-    assert run_steps(governor, clock, 5, lambda s: 0.050 if s == 2 else 0.010, rows=rows) == [2] * 5
-    assert rows not in governor._sizes
-    assert run_steps(governor, clock, 2, lambda s: 0.010, rows=1) == [1, 1]  # small steps: measured as before
+    assert [DecodeThreads.size_class(r) for r in (1, 8, 9, 16, 17, 31, 32, 33)] == [1, 8, 16, 16, 32, 32, 32, 64]
+    sizes = [17, 30, 23, 19, 28, 31, 20, 25] * 3
+    used = [run_steps(governor, clock, 1, lambda s, r=r: r * (0.001 if s == 2 else 0.0015), rows=r)[0] for r in sizes]
+    assert used[:2] == [1, 1] and used[2] == 2  # one class: its third step is the first try of all threads
+    assert used[3:].count(2) >= len(used) - 4  # per row, two threads win whatever the sizes
+    assert set(governor._sizes) == {32}

@@ -51,14 +51,14 @@ class DecodeThreads:
     machine one such step took 0.2-0.6 s instead of 0.01, measured. Step times are compared per number
     of rows (the server's steps vary in size) through exponential moving averages: a step's time grows
     slowly with the context, and both averages are refreshed at every try, so they stay comparable.
-    Steps start on one thread; the first try of all threads is the third step. Steps of more than
-    GOVERNED_MAX_ROWS rows always get all threads."""
+    Steps start on one thread; the first try of all threads is the third step. Times are kept per row,
+    under the step's size class (size_class)."""
 
-    # Steps of more rows (a prompt chunk, a server step carrying one) use all threads unmeasured: their
-    # parallel regions are long (each weight row meets many activation rows), and a prompt's sizes rarely
-    # repeat, so measuring would run most of them on the first steps' one thread (a 17-token prompt
-    # took ~1.6x as long so).
-    GOVERNED_MAX_ROWS = 8
+    # Steps of more rows than this (prompt chunks, server steps carrying one) are measured by size class
+    # (9-16, 17-32, ... rows) and per row: a prompt's exact size rarely repeats, and judged per size most
+    # of them ran on a new size's first, one-thread steps. Unmeasured all-thread steps were no answer: a
+    # 16-token prompt took 280 ms on 2 threads beside a busy process, 24-50 ms on one.
+    EXACT_MAX_ROWS = 8
     EXPLORE_EVERY = 16  # steps of a size between two tries of the setting not in use ...
     EXPLORE_MAX = 256  # ... doubling each time a try confirms the choice, up to this
     SMOOTHING = 0.3  # weight of the newest step in a moving average
@@ -67,8 +67,8 @@ class DecodeThreads:
     def __init__(self, threads: int):
         self.threads = threads
         self.current = 1
-        self._sizes: dict[int, _StepStats] = {}  # rows -> its statistics
-        self._running = None  # (stats, setting, start time) of the step in progress
+        self._sizes: dict[int, _StepStats] = {}  # size class -> its statistics (seconds per row)
+        self._running = None  # (stats, setting, start time, rows) of the step in progress
         self._deadline = None  # when the try in progress is abandoned
 
     def best(self, rows: int = 1) -> int:
@@ -78,26 +78,29 @@ class DecodeThreads:
     def begin(self, rows: int = 1) -> int:
         if self.threads == 1:
             return 1
-        if rows > self.GOVERNED_MAX_ROWS:
-            self._running = self._deadline = None
-            self.current = self.threads
-            return self.current
-        stats = self._sizes.get(rows)
+        key = self.size_class(rows)
+        stats = self._sizes.get(key)
         if stats is None:
-            stats = self._sizes[rows] = _StepStats(self.EXPLORE_EVERY)
+            stats = self._sizes[key] = _StepStats(self.EXPLORE_EVERY)
         self.current = stats.next_setting(self.threads, self.EXPLORE_EVERY, self.EXPLORE_MAX)
         started = time.perf_counter()
-        self._running = (stats, self.current, started)
+        self._running = (stats, self.current, started, rows)
         one = stats.average.get(1)
         trying_many = stats.trying == self.threads and one is not None
-        self._deadline = started + self.ABANDON_AFTER * one if trying_many else None
+        self._deadline = started + self.ABANDON_AFTER * one * rows if trying_many else None
         return self.current
+
+    @classmethod
+    def size_class(cls, rows: int) -> int:
+        """The key a step's statistics are kept under: its row count up to EXACT_MAX_ROWS, else the next
+        power of two."""
+        return rows if rows <= cls.EXACT_MAX_ROWS else 1 << (rows - 1).bit_length()
 
     def now(self) -> int:
         """The thread count for the next op of the step in progress."""
         if self._deadline is not None and time.perf_counter() > self._deadline:
-            stats, setting, started = self._running
-            stats.record(setting, time.perf_counter() - started, self.SMOOTHING)  # a lower bound: enough
+            stats, setting, started, rows = self._running
+            stats.record(setting, (time.perf_counter() - started) / rows, self.SMOOTHING)  # a lower bound: enough
             self._running = self._deadline = None
             self.current = 1
         return self.current
@@ -106,9 +109,9 @@ class DecodeThreads:
         self._deadline = None
         if self._running is None:
             return
-        stats, setting, started = self._running
+        stats, setting, started, rows = self._running
         self._running = None
-        stats.record(setting, time.perf_counter() - started, self.SMOOTHING)
+        stats.record(setting, (time.perf_counter() - started) / rows, self.SMOOTHING)
 
 
 class _StepStats:
@@ -146,6 +149,8 @@ class _StepStats:
         machine may have changed since); the setting in use is smoothed step by step."""
         previous = self.average.get(setting)
         tried, self.trying = self.trying == setting, None
+        if self.steps == 1:
+            return  # a size's first step carries one-time costs (compiling, first touches): not a measure
         if previous is None or tried:
             self.average[setting] = seconds
         else:
