@@ -3,11 +3,11 @@
 For every type with pair kernels, on every instruction-set path (VectorCode's "auto", "avx2", "generic",
 compiled uncached as in test_quant_isa), the driver's matvec_rows over T = 1..17 activation rows is
 compared bit for bit with vec_dot of each (weight row, activation row), on
-- 39 weight rows: two chunks of CHUNK_ROWS (the four-row kernels) and a chunk of 7 (one four-row call,
-  three one-row calls);
+- 39 weight rows: a chunk of CHUNK_ROWS and one of the 23 left (its last call overlapping the one
+  before), and 3 weight rows (fewer than a call takes: vec_dot);
 - K = 640 (the spread layout, where Q8_0 takes its weights as unsigned bytes from per-lane starts) and
   K = 1408 (44 blocks: a group of four pairs past SPREAD_MAX_BYTES, the compact layout);
-so every kernel (8, 4, 2 activation rows; 1 and 4 weight rows; both layouts) and odd T's self-paired
+so every kernel (8, 4, 2 activation rows; both layouts), both ends of a chunk and odd T's self-paired
 last row are met.
 """
 
@@ -25,6 +25,7 @@ from localllm.quant import pairs, vector
 
 PAIR_TYPES = [name for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1") if has_pair_kernels(quant.get(name))]
 N_WEIGHT_ROWS = 2 * pairs.CHUNK_ROWS + 7
+FEW_WEIGHT_ROWS = pairs.PAIR_ROWS - 1
 MAX_T = 17
 
 
@@ -60,6 +61,9 @@ def test_pair_drivers_equal_vec_dot_for_every_batch_size_and_isa(name, k):
             out = np.full((t, raw.shape[0]), np.nan, dtype=np.float32)
             _run_under(isa, matvec_rows, raw, out, *(a[:t] for a in batch))
             np.testing.assert_array_equal(bits(out), bits(expected[:t]), err_msg=f"{name} K={k} T={t} on {isa}")
+            few = np.full((t, FEW_WEIGHT_ROWS), np.nan, dtype=np.float32)
+            _run_under(isa, matvec_rows, raw[:FEW_WEIGHT_ROWS], few, *(a[:t] for a in batch))
+            np.testing.assert_array_equal(bits(few), bits(expected[:t, :FEW_WEIGHT_ROWS]), err_msg=f"{name} K={k} T={t} on {isa}, 3 rows")
 
 
 def test_pair_activations_per_lane_starts():

@@ -199,29 +199,25 @@ def pair_grid_dot_intrinsic(pair_terms, n_pairs: int, spread: bool, n_rows: int 
 # Weight rows per kernel call in the batched driver: each activation load (and each scale and start) then
 # serves four weight rows, and the loads were what bound the one-row kernels (Q8_0 at 640, 8 activation
 # rows, 64 weight rows in L1, per weight row: 43.7 -> 31.9 ns with four rows a call, 32.7 with two; Q5_0
-# 45.1 -> 34.9, 37.9 with two). Rows past a multiple of it go one by one.
+# 45.1 -> 34.9, 37.9 with two). A chunk of rows that is not a multiple of four ends with a call that
+# overlaps the one before (the same values written again); a matrix of fewer rows goes by vec_dot.
 PAIR_ROWS = 4
 
 
 def pair_kernel_names():
     """Names of the batched-decode kernels (pair_grid_dots), as the generated drivers import them:
-    dot_{pairs|spread}_{R}x{A}: R weight rows (1 or PAIR_ROWS) against A activation rows (8, 4 or 2), on
-    the compact (pairs) or spread pair layout."""
-    return [
-        f"dot_{'spread' if spread else 'pairs'}_{rows}x{2 * n_pairs}"
-        for rows in (1, PAIR_ROWS) for spread in (False, True) for n_pairs in (4, 2, 1)
-    ]
+    dot_{pairs|spread}_4x{A}: PAIR_ROWS weight rows against A activation rows (8, 4 or 2), on the compact
+    (pairs) or spread pair layout."""
+    return [f"dot_{'spread' if spread else 'pairs'}_{PAIR_ROWS}x{2 * n_pairs}" for spread in (False, True) for n_pairs in (4, 2, 1)]
 
 
 def pair_grid_dots(pair_terms):
     """The batched-decode kernels a type's pair_terms gives, by name (pair_kernel_names)."""
-    kernels = {}
-    for rows in (1, PAIR_ROWS):
-        for spread in (False, True):
-            for n_pairs in (4, 2, 1):
-                name = f"dot_{'spread' if spread else 'pairs'}_{rows}x{2 * n_pairs}"
-                kernels[name] = pair_grid_dot_intrinsic(pair_terms, n_pairs, spread, rows)
-    return kernels
+    names = iter(pair_kernel_names())
+    return {
+        next(names): pair_grid_dot_intrinsic(pair_terms, n_pairs, spread, PAIR_ROWS)
+        for spread in (False, True) for n_pairs in (4, 2, 1)
+    }
 
 
 @fast_kernel

@@ -148,17 +148,26 @@ def matvec_rows(weights, out, qs, d, s):
     pairing format, rearranged into pairs once (pair_activations: the spread layout while a group of four
     pairs is at most SPREAD_MAX_BYTES, else the compact one), then the weight rows are taken CHUNK_ROWS at
     a time, each chunk against the pairs eight rows at a time (all its rows against one group, then the
-    next group), then four, then two, PAIR_ROWS weight rows a call (the rest of a chunk one by one); an
-    odd last row is paired with itself (both halves give its value, store_dots writes it twice).
+    next group), then four, then two, PAIR_ROWS weight rows a call (a chunk's last call starts at most
+    PAIR_ROWS rows before its end, recomputing rows with the same values; the last chunk takes the rows
+    left over); an odd last row is paired with itself (both halves give its value, store_dots writes it
+    twice). Fewer than PAIR_ROWS weight rows go by vec_dot.
     Every out[t, r] equals the one-row matvec's, so a row's result does not depend on T (batched decode).
     One row is the one-row matvec itself.\"\"\"
     n_blocks = d.shape[1]
     n_rows = out.shape[0]
+    n_weights = weights.shape[0]
     if n_rows == 1:
         matvec(weights, out[0], qs[0], d[0], s[0])
         return
+    if n_weights < PAIR_ROWS:
+        for r in range(n_weights):
+            for t in range(n_rows):
+                out[t, r] = vec_dot(weights[r], qs[t], d[t], s[t])
+        return
     pairs = (n_rows + 1) // 2
     last = n_rows - 1  # with T odd, the last pair is row T - 1 twice: both results land in out[T - 1]
+    n_chunks = max(n_weights // CHUNK_ROWS, 1)  # the last chunk takes the N % CHUNK_ROWS rows left over
     spread = n_blocks * SPREAD_BLOCK_BYTES <= SPREAD_MAX_BYTES
     width = 16 if spread else 2
     pq = aligned_rows(np.empty(pairs * n_blocks * 64 + 64, dtype=np.int8), pairs)
@@ -168,44 +177,36 @@ def matvec_rows(weights, out, qs, d, s):
     eights = pairs // 4
     fours = (pairs - 4 * eights) // 2
     twos = pairs - 4 * eights - 2 * fours
-    n_weights = weights.shape[0]
-    for c in prange((n_weights + CHUNK_ROWS - 1) // CHUNK_ROWS):
+    for c in prange(n_chunks):
         r0 = c * CHUNK_ROWS
-        r1 = min(r0 + CHUNK_ROWS, n_weights)
-        r4 = r0 + (r1 - r0) // PAIR_ROWS * PAIR_ROWS
+        r1 = n_weights if c == n_chunks - 1 else r0 + CHUNK_ROWS
         for g in range(eights):
             if spread:
-                for r in range(r0, r4, PAIR_ROWS):
+                for r in range(r0, r1, PAIR_ROWS):
+                    r = min(r, r1 - PAIR_ROWS)  # a chunk's last call may overlap the one before
                     store_dots(out, dot_spread_4x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
-                for r in range(r4, r1):
-                    store_dots(out, dot_spread_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
             else:
-                for r in range(r0, r4, PAIR_ROWS):
+                for r in range(r0, r1, PAIR_ROWS):
+                    r = min(r, r1 - PAIR_ROWS)  # a chunk's last call may overlap the one before
                     store_dots(out, dot_pairs_4x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
-                for r in range(r4, r1):
-                    store_dots(out, dot_pairs_1x8(weights, r, pq, pd, ps, 4 * g, n_blocks), 8 * g, r, last, 8)
         if fours:
             if spread:
-                for r in range(r0, r4, PAIR_ROWS):
+                for r in range(r0, r1, PAIR_ROWS):
+                    r = min(r, r1 - PAIR_ROWS)  # a chunk's last call may overlap the one before
                     store_dots(out, dot_spread_4x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
-                for r in range(r4, r1):
-                    store_dots(out, dot_spread_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
             else:
-                for r in range(r0, r4, PAIR_ROWS):
+                for r in range(r0, r1, PAIR_ROWS):
+                    r = min(r, r1 - PAIR_ROWS)  # a chunk's last call may overlap the one before
                     store_dots(out, dot_pairs_4x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
-                for r in range(r4, r1):
-                    store_dots(out, dot_pairs_1x4(weights, r, pq, pd, ps, 4 * eights, n_blocks), 8 * eights, r, last, 4)
         if twos:
             if spread:
-                for r in range(r0, r4, PAIR_ROWS):
+                for r in range(r0, r1, PAIR_ROWS):
+                    r = min(r, r1 - PAIR_ROWS)  # a chunk's last call may overlap the one before
                     store_dots(out, dot_spread_4x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
-                for r in range(r4, r1):
-                    store_dots(out, dot_spread_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
             else:
-                for r in range(r0, r4, PAIR_ROWS):
+                for r in range(r0, r1, PAIR_ROWS):
+                    r = min(r, r1 - PAIR_ROWS)  # a chunk's last call may overlap the one before
                     store_dots(out, dot_pairs_4x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
-                for r in range(r4, r1):
-                    store_dots(out, dot_pairs_1x2(weights, r, pq, pd, ps, pairs - 1, n_blocks), 2 * pairs - 2, r, last, 2)
 """
 
 PAIRS_HEADER = """import numpy as np
