@@ -2,11 +2,13 @@
 
 Tiny random models (tests/tiny_models.py) are written by our GGUF writer in each quant type and loaded
 through the public API. Tolerances, and why:
-- Prefill of >= BLAS_MIN_ROWS (32) tokens dequantizes weight tiles exactly (bit-exact dequantizers, tested elsewhere) and
+- Prefill of >= BLAS_MIN_ROWS (32) tokens, for the weight types without multi-row integer kernels
+  (matmul.blas_min_rows), dequantizes weight tiles exactly (bit-exact dequantizers, tested elsewhere) and
   multiplies in float32 through BLAS, so it differs from the float64 reference only by float32 rounding
   accumulated over a handful of layers: max |error| <= 2e-3 x max |logit|.
-- Decode (one token), and prefill of fewer tokens, quantizes each activation vector to 8 bits per
-  block, as llama.cpp does, before the integer dot products. Each element then carries up to d/2 = amax/254 of error; through a few layers
+- Decode (one token), prefill of fewer tokens, and prefill of any length for the types with multi-row
+  integer kernels (Q4_0, Q5_0, Q8_0, Q4_K, Q6_K) quantize each activation vector to 8 bits per block,
+  as llama.cpp does, before the integer dot products. Each element then carries up to d/2 = amax/254 of error; through a few layers
   that is about 1% of the logit scale: max |error| <= 4e-2 x max |logit| for quantized weights
   (float weights pair with float32 activations: same bound as prefill).
 """
@@ -26,10 +28,11 @@ import reference_forward
 from tiny_models import write_tiny_model
 
 ARCHS = sorted(ARCHITECTURES)
-# 40 tokens: a prefill through BLAS (>= BLAS_MIN_ROWS), longer than the tiny Gemma's window of 5
+# 40 tokens: a prefill through BLAS where the type has no multi-row kernels (>= BLAS_MIN_ROWS), longer
+# than the tiny Gemma's window of 5
 PROMPT = [2, 300, 17, 281, 299, 5, 260, 310, 333, 290, 301, 7, 270, 275, 12, 318, 263, 297, 40, 311,
           288, 9, 325, 266, 302, 31, 279, 315, 258, 294, 21, 307, 272, 330, 285, 14, 261, 322, 291, 268]
-SHORT_PROMPT = PROMPT[:14]  # a prefill through the integer kernels
+SHORT_PROMPT = PROMPT[:14]  # a prefill through the integer kernels for every quantized type
 PREFILL_RTOL = 2e-3
 DECODE_RTOL_QUANT = 4e-2
 
@@ -54,6 +57,15 @@ def reference_logits(path, tokens, neox_override=None):
         return reference_forward.forward(reader, tokens, neox_override=neox_override)
 
 
+def prefill_tolerance(qtype: str, n_tokens: int) -> float:
+    """PREFILL_RTOL where the prefill multiplies float32 activations (float weights, or BLAS on exactly
+    dequantized tiles), DECODE_RTOL_QUANT where it quantizes them for the integer kernels."""
+    from localllm.backends.cpu.matmul import blas_min_rows
+
+    qt = quant.get(qtype)
+    return PREFILL_RTOL if qt.act == "f32" or n_tokens >= blas_min_rows(qt) else DECODE_RTOL_QUANT
+
+
 def max_rel_error(ours, ref):
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
@@ -66,13 +78,16 @@ def test_prefill_matches_float64_reference(tiny, arch, qtype):
     ours = model.logits(PROMPT)
     ref = reference_logits(path, PROMPT)
     assert ours.shape == ref.shape
-    assert max_rel_error(ours, ref) <= PREFILL_RTOL
+    assert max_rel_error(ours, ref) <= prefill_tolerance(qtype, len(PROMPT))
 
 
-def test_the_long_prompt_takes_the_blas_path_and_the_short_one_the_integer_kernels():
+def test_the_long_prompt_takes_the_blas_path_where_a_type_has_it_and_the_short_one_the_integer_kernels():
     from localllm.backends.cpu.matmul import BLAS_MIN_ROWS
 
     assert len(SHORT_PROMPT) < BLAS_MIN_ROWS <= len(PROMPT)
+    # and both paths are exercised: some quantized types go through BLAS at this length, some not
+    tolerances = {prefill_tolerance(name, len(PROMPT)) for name in quant.supported_names() if quant.get(name).act != "f32"}
+    assert tolerances == {PREFILL_RTOL, DECODE_RTOL_QUANT}
 
 
 @pytest.mark.parametrize("qtype", quant.supported_names())
@@ -82,8 +97,7 @@ def test_short_prefill_matches_float64_reference_within_the_activation_rounding(
     model = localllm.load(path, n_ctx=64, threads=2)
     ours = model.logits(SHORT_PROMPT)
     ref = reference_logits(path, SHORT_PROMPT)
-    tol = PREFILL_RTOL if quant.get(qtype).act == "f32" else DECODE_RTOL_QUANT
-    assert max_rel_error(ours, ref) <= tol
+    assert max_rel_error(ours, ref) <= prefill_tolerance(qtype, len(SHORT_PROMPT))
 
 
 @pytest.mark.parametrize("qtype", ["F32", "Q8_0", "Q4_K", "Q6_K"])

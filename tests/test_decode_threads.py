@@ -112,6 +112,13 @@ def test_prompt_sizes_share_their_size_class_and_are_judged_per_row(clock):
     assert [DecodeThreads.size_class(r) for r in (1, 8, 9, 16, 17, 31, 32, 33)] == [1, 8, 16, 16, 32, 32, 32, 64]
     sizes = [17, 30, 23, 19, 28, 31, 20, 25] * 3
     used = [run_steps(governor, clock, 1, lambda s, r=r: r * (0.001 if s == 2 else 0.0015), rows=r)[0] for r in sizes]
-    assert used[:2] == [1, 1] and used[2] == 2  # one class: its third step is the first try of all threads
+    assert used[:2] == [2, 2] and used[2] == 1  # one class, started on all threads; its third step tries one
     assert used[3:].count(2) >= len(used) - 4  # per row, two threads win whatever the sizes
     assert set(governor._sizes) == {32}
+
+
+def test_large_steps_move_to_one_thread_when_it_is_faster_per_row(clock):
+    governor = DecodeThreads(2)
+    sizes = [40, 64, 50, 33, 60] * 4
+    used = [run_steps(governor, clock, 1, lambda s, r=r: r * (0.004 if s == 2 else 0.002), rows=r)[0] for r in sizes]
+    assert used[:3] == [2, 2, 1] and used[3:].count(1) >= len(used) - 5

@@ -57,3 +57,17 @@ def test_q8_k_matches_llamacpp():
 def test_lengths_that_are_not_a_block_multiple_are_refused(kind, n):
     with pytest.raises(ValueError):
         QuantizedActivation(kind, n)
+
+
+@pytest.mark.parametrize("kind", ["q8_0", "q8_k"])
+def test_a_batch_quantizes_each_row_as_the_one_row_quantizer(kind):
+    from localllm.backends.cpu.matmul import BatchActivation
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((7, 1024)).astype(np.float32) * np.logspace(-6, 4, 7, dtype=np.float32)[:, None]
+    x[3] = 0.0  # an all-zero row
+    x[5, :40] = [1e30, -1e30] * 20
+    batch = BatchActivation(kind, 9, 1024).quantize(x)
+    for t in range(7):
+        for got, want in zip(batch, QuantizedActivation(kind, 1024).quantize(x[t])):
+            np.testing.assert_array_equal(got[t], want, err_msg=f"row {t}")

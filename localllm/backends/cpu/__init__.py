@@ -12,7 +12,7 @@ from ...errors import LocalLLMError
 from ..base import Backend, Weight
 from . import kernels
 from .attention_blas import BlasAttention
-from .matmul import BLAS_MIN_ROWS, MatmulScratch, gather_rows_kernel, matmul, matmul_rows, matmul_segments
+from .matmul import BLAS_MIN_ROWS, MatmulScratch, blas_min_rows, gather_rows_kernel, matmul, matmul_rows, matmul_segments
 from .threads import DecodeThreads, configure_openmp_waiting
 
 # Bounded spinning for idle OpenMP workers, before Numba starts its pool (see threads.py).
@@ -123,14 +123,16 @@ class CPUBackend(Backend):
 
     def matmul(self, w: Weight, x, out, bias=None) -> None:
         qt = quant.get(w.qtype)
-        self._threads_for(x.shape[0], x.shape[0] * w.data.nbytes, SMALL_MATVEC_BYTES)
+        rows = x.shape[0]
+        self._threads_for(rows, rows * w.data.nbytes, SMALL_MATVEC_BYTES, blas=rows >= blas_min_rows(qt))
         matmul(qt, w.data, x, out, self.scratch)
         if bias is not None:
             out += bias
 
     def matmul_segments(self, w: Weight, x, out, bounds, bias=None) -> None:
         qt = quant.get(w.qtype)
-        self._threads_for(int(max(b - a for a, b in zip(bounds[:-1], bounds[1:]))))
+        longest = int(max(b - a for a, b in zip(bounds[:-1], bounds[1:])))
+        self._threads_for(x.shape[0], blas=longest >= blas_min_rows(qt))
         matmul_segments(qt, w.data, x, out, bounds, self.scratch)
         if bias is not None:
             out += bias
@@ -145,7 +147,7 @@ class CPUBackend(Backend):
     def embed(self, w: Weight, ids, out) -> None:
         gather_rows_kernel(quant.get(w.qtype))(w.data, ids, out)
 
-    def _threads_for(self, rows: int, work: int | None = None, limit: int = 0) -> None:
+    def _threads_for(self, rows: int, work: int | None = None, limit: int = 0, blas: bool | None = None) -> None:
         """Numba's thread count for an op over `rows` rows. Batches of BLAS_MIN_ROWS rows or more are a
         prefill, whose matrix products run in BLAS on all the backend's threads; BLAS's workers spin
         between calls, and parallel Numba kernels in between fight them for the cores (measured on
@@ -157,9 +159,15 @@ class CPUBackend(Backend):
         Waking the pool costs more than such an op: measured, rms_norm of 1x640 took 7-70 us on 2 threads
         (the second thread's wake-up, and worse when another process holds that core) against 1.6 us
         on one, and a decode step of Gemma 3 270M runs ~200 of them. Same kernel either way: the
-        results do not depend on the thread count."""
+        results do not depend on the thread count.
+
+        blas: whether the op hands its work to BLAS (default: a batch of BLAS_MIN_ROWS rows or more);
+        a matrix product of a type with multi-row integer kernels never does (matmul.blas_min_rows), and
+        gets the governor's count at any size."""
         small = work is not None and work < (limit or SMALL_OP_WORK)
-        wanted = 1 if rows >= BLAS_MIN_ROWS or small else self._decode.now()
+        if blas is None:
+            blas = rows >= BLAS_MIN_ROWS
+        wanted = 1 if blas or small else self._decode.now()
         # The setting is per calling thread (and others may change it), so it is read back rather than
         # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
         if _numba_threads_now() != wanted:

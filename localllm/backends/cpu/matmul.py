@@ -14,14 +14,36 @@ from __future__ import annotations
 import numpy as np
 
 from ...quant import QuantType
-from ...quant.activation import QK8_0, QK_K, QuantizedActivation, quantize_q8_0, quantize_q8_k
-from .drivers import drivers, row_drivers
+from ...quant.activation import QK8_0, QK_K, QuantizedActivation
+from ...quant.kquant_rows import ROW_KERNELS
+from .drivers import drivers, has_pair_kernels, row_drivers
+from .kernels import quantize_rows_q8_0, quantize_rows_q8_k
 
-# From this many activation rows a matmul goes through dequantized tiles + BLAS (and a batch is a
-# prefill whose other ops leave the cores to BLAS: CPUBackend._threads_for). Below, the integer
-# multi-row kernels. Measured on Gemma 3 270M, 2 threads, all its per-layer matrices, ms per pass
-# (BLAS / integer): T=8 25.6/11.4, 16 31.0/22.5, 32 44.9/52.1, 64 70.0/105.8 (scripts/crossover.py).
+# From this many activation rows a matmul of a type without multi-row kernels (below) goes through
+# dequantized tiles + BLAS (and a batch is a prefill whose other ops leave the cores to BLAS:
+# CPUBackend._threads_for); below it, the integer kernels. Measured on Gemma 3 270M, 2 threads, all its
+# per-layer matrices, with the batched kernels of the time (one vec_dot per weight and activation row
+# for the K-quants), ms per pass (BLAS / integer): T=8 25.6/11.4, 16 31.0/22.5, 32 44.9/52.1, 64
+# 70.0/105.8 (scripts/crossover.py).
 BLAS_MIN_ROWS = 32
+INTEGER_ALWAYS = 1 << 62
+
+
+def has_multirow_kernels(qt: QuantType) -> bool:
+    """Whether the type's batched matvec unpacks each weight block once for many activation rows (the
+    pair kernels of the 32-element types, the K-quant row kernels), rather than one vec_dot per weight
+    and activation row."""
+    return has_pair_kernels(qt) or (qt.act == "q8_k" and qt.name in ROW_KERNELS)
+
+
+def blas_min_rows(qt: QuantType) -> int:
+    """Activation rows from which qt's matmul dequantizes tiles for BLAS. Never for the types with
+    multi-row kernels: they multiply 8-bit integers as llama.cpp does, faster than tiles + BLAS at every
+    prompt length measured (Gemma 3 270M, one thread, ms at T=64 / 512, BLAS with the AVX2 kernels
+    against integer: Q5_0 640x2048 1.61/0.72, 11.55/5.86; Q6_K 2048x640 1.73/0.69, 12.15/5.50; Q4_K
+    1024x640 0.82/0.36, 6.30/3.07; Llama-3-8B shapes, T=64: Q4_K 4096x14336 118/36), and about even
+    with the AVX-512 kernels' GEMM alone, before their dequantization."""
+    return INTEGER_ALWAYS if has_multirow_kernels(qt) else BLAS_MIN_ROWS
 TILE_ROWS = 512
 
 
@@ -64,9 +86,8 @@ class BatchActivation:
         if self.kind == "f32":
             views[0][:] = x
             return views
-        quantize = quantize_q8_0 if self.kind == "q8_0" else quantize_q8_k
-        for row in range(t):
-            quantize(x[row], views[0][row], views[1][row], views[2][row])
+        quantize_rows = quantize_rows_q8_0 if self.kind == "q8_0" else quantize_rows_q8_k
+        quantize_rows(x, *views)
         return views
 
 
@@ -109,7 +130,8 @@ def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.n
     server step with several short prompts, dequantization is most of the cost of a prompt)."""
     k = x.shape[1]
     segments = list(zip(bounds[:-1], bounds[1:]))
-    by_blas = [(a, b) for a, b in segments if b - a >= BLAS_MIN_ROWS]
+    min_rows = blas_min_rows(qt)
+    by_blas = [(a, b) for a, b in segments if b - a >= min_rows]
     if by_blas:
         dequant = dequant_rows_kernel(qt)
         n_rows = weights.shape[0]
@@ -123,8 +145,8 @@ def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.n
                 np.matmul(x[a:b], tile.T, out=out[a:b, start : start + rows])
     # The integer kernels' rows do not depend on each other: consecutive short segments go in one call.
     run_start = None
-    for a, b in segments + [(bounds[-1], bounds[-1] + BLAS_MIN_ROWS)]:
-        if b - a < BLAS_MIN_ROWS:
+    for a, b in segments + [(bounds[-1], None)]:
+        if b is not None and b - a < min_rows:
             run_start = a if run_start is None else run_start
             continue
         if run_start is not None:

@@ -51,8 +51,8 @@ class DecodeThreads:
     machine one such step took 0.2-0.6 s instead of 0.01, measured. Step times are compared per number
     of rows (the server's steps vary in size) through exponential moving averages: a step's time grows
     slowly with the context, and both averages are refreshed at every try, so they stay comparable.
-    Steps start on one thread; the first try of all threads is the third step. Times are kept per row,
-    under the step's size class (size_class)."""
+    Decode-sized steps start on one thread, larger ones on all (_start); the first try of the other
+    setting is the third step. Times are kept per row, under the step's size class (size_class)."""
 
     # Steps of more rows than this (prompt chunks, server steps carrying one) are measured by size class
     # (9-16, 17-32, ... rows) and per row: a prompt's exact size rarely repeats, and judged per size most
@@ -72,8 +72,14 @@ class DecodeThreads:
         self._deadline = None  # when the try in progress is abandoned
 
     def best(self, rows: int = 1) -> int:
-        stats = self._sizes.get(rows)
-        return stats.best(self.threads) if stats else 1
+        stats = self._sizes.get(self.size_class(rows))
+        return stats.best(self.threads) if stats else self._start(rows)
+
+    def _start(self, rows: int) -> int:
+        """The setting before any measurement: one thread for decode-sized steps (each op is short: a
+        worker costs more than it brings unless the machine is quiet), all for larger ones (long
+        regions; a prefill on one thread by default would be twice as slow on a quiet machine)."""
+        return 1 if rows <= self.EXACT_MAX_ROWS else self.threads
 
     def begin(self, rows: int = 1) -> int:
         if self.threads == 1:
@@ -81,7 +87,7 @@ class DecodeThreads:
         key = self.size_class(rows)
         stats = self._sizes.get(key)
         if stats is None:
-            stats = self._sizes[key] = _StepStats(self.EXPLORE_EVERY)
+            stats = self._sizes[key] = _StepStats(self.EXPLORE_EVERY, self._start(rows))
         self.current = stats.next_setting(self.threads, self.EXPLORE_EVERY, self.EXPLORE_MAX)
         started = time.perf_counter()
         self._running = (stats, self.current, started, rows)
@@ -117,10 +123,11 @@ class DecodeThreads:
 class _StepStats:
     """Moving averages of one step size's duration per setting, and when to try the other setting."""
 
-    def __init__(self, interval: int):
+    def __init__(self, interval: int, start: int = 1):
         self.average: dict[int, float] = {}
+        self.start = start  # the setting until both have been measured
         self.steps = 0
-        self.next_try = 3  # the first try of all threads, after two steps on one
+        self.next_try = 3  # the first try of the other setting, after two steps on the start one
         self.interval = interval
         self.tried_best = None  # the best setting when the last try was made
         self.trying = None  # the setting of the step in progress, when it is a try
@@ -128,7 +135,7 @@ class _StepStats:
     def best(self, threads: int) -> int:
         many, one = self.average.get(threads), self.average.get(1)
         if many is None or one is None:
-            return 1
+            return self.start
         return threads if many <= one else 1
 
     def next_setting(self, threads: int, base_interval: int, max_interval: int) -> int:
