@@ -55,13 +55,14 @@ def test_matvec_rows_equals_vec_dot_for_every_batch_size(name, k):
 
 
 @pytest.mark.parametrize("name", TYPES)
-@pytest.mark.parametrize("k", [4096, 14336])
+@pytest.mark.parametrize("k", [4096, 4608, 14336])
 @pytest.mark.parametrize("scale", [0.01, 1.0, 1e4])
 def test_matvec_rows_equals_vec_dot_on_long_rows(name, k, scale):
+    # Rows longer than the driver's CHUNK blocks go in ranges of blocks, the float sums carried over.
     rng = np.random.default_rng(k)
     qt = quant.get(name)
     raw = np.concatenate([random_rows(name, 5, k, rng), qt.quantize(rng.normal(0, 0.05, (3, k)).astype(np.float32))])
-    for n_rows in (8, 13):  # a group of eight; one and a tail group of eight repeating the last row
+    for n_rows in (8, 9, 11, 13):  # eight; and a lone row, a group of four, a group of eight repeating row T - 1
         batch = BatchActivation(qt.act, n_rows, k).quantize(_activations(rng, n_rows, k, scale))
         out = np.empty((n_rows, raw.shape[0]), dtype=np.float32)
         row_drivers(qt).matvec_rows(raw, out, *batch)

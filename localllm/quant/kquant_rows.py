@@ -5,8 +5,10 @@ the type's one-row `vec_dot`.
     <type>_pack(qs, d, s, t0, n_groups, R) -> (pq, pd, ps): the activation rows [T, ...] rearranged once
         per matmul into groups of R rows, block by block (rows past T - 1 repeat it, so a batch's
         remainder is one more group whose extra lanes the driver stores on the last row)
-    <type>_rows_R (R = 8, 4; any power of two from 4 builds): intrinsics (weights uint8[N, row_bytes], r, pq, pd, ps, g, n_blocks)
-        -> UniTuple(float32, R): weight row r against the R rows of group g
+    <type>_rows_R (R = 8, 4; any power of two from 4 builds): intrinsics
+        (weights uint8[N, row_bytes], r, pq, pd, ps, g, b0, b1, start) -> UniTuple(float32, R): blocks
+        b0..b1-1 of weight row r against the R rows of group g, accumulating on from `start` (R floats),
+        so that a driver can take the blocks in ranges whose activations stay in the L1 cache
 
 Per super-block the weights are unpacked once (quants, per-sub-block scales as words, the mins or the
 Q6_K offsets as words) and then, per activation row, the integer work is two multiply-adds per 64
@@ -89,28 +91,38 @@ def _fma(builder, a, b, c):
 
 
 def _rows_intrinsic(n_rows: int, block_bytes: int, prefetch_step: int, sums_per_row: int, shared, block_ints, float_step):
-    """The intrinsic for one type and R = n_rows: shared(v, row, base) unpacks the block at byte base of
+    """The intrinsic for one type and R = n_rows,
+        rows_dot(weights, r, pq, pd, ps, g, b0, b1, start) -> UniTuple(float32, R):
+    blocks b0 <= b < b1 of weight row r against the R rows of group g, the float accumulation going on
+    from start (R float32: zeros for b0 = 0, else what the call for the blocks before b0 returned; the
+    float steps are sequential per block, so a row split into ranges gives vec_dot's value exactly).
+    shared(v, row, base) unpacks the block at byte base of
     the weight row (a uint8 pointer) once; block_ints(v, unpacked, acts, sums, b, n_rows) gives the
     block's integers for the R rows (activations of the packed layout: element pointers of the group's
     rows of pq and ps); float_step(v, row, base, ints, ad, acc) applies the block's float step to the R
     lanes of acc (ad: <R x float>, the rows' activation scales)."""
 
     @intrinsic
-    def rows_dot(typingctx, weights, r, pq, pd, ps, group, n_blocks):
-        sig = types.UniTuple(types.float32, n_rows)(weights, r, pq, pd, ps, group, n_blocks)
+    def rows_dot(typingctx, weights, r, pq, pd, ps, group, b0, b1, start):
+        sig = types.UniTuple(types.float32, n_rows)(weights, r, pq, pd, ps, group, b0, b1, start)
 
         def codegen(context, builder, signature, args):
-            weights_, r_, pq_, pd_, ps_, group_, n_blocks_ = args
-            w_type, _, pq_type, pd_type, ps_type, _, _ = signature.args
+            weights_, r_, pq_, pd_, ps_, group_, b0_, b1_, start_ = args
+            w_type, _, pq_type, pd_type, ps_type = signature.args[:5]
             v = VectorCode(context, builder)
             row = v.row_pointer(w_type, weights_, r_)
             acts = v.row_pointer(pq_type, pq_, group_)
             scales = v.row_pointer(pd_type, pd_, group_)
             sums = v.row_pointer(ps_type, ps_, group_)
             f32v = ir.VectorType(ir.FloatType(), n_rows)
-            acc_pointer = cgutils.alloca_once_value(builder, ir.Constant(f32v, [0.0] * n_rows))
-            with cgutils.for_range(builder, n_blocks_) as loop:
-                b = loop.index
+            acc = ir.Constant(f32v, ir.Undefined)
+            for i in range(n_rows):
+                acc = builder.insert_element(acc, builder.extract_value(start_, i), I32(i))
+            acc_pointer = cgutils.alloca_once_value(builder, acc)
+            b0_ = context.cast(builder, b0_, signature.args[6], types.intp)
+            b1_ = context.cast(builder, b1_, signature.args[7], types.intp)
+            with cgutils.for_range(builder, builder.sub(b1_, b0_)) as loop:
+                b = builder.add(b0_, loop.index)
                 base = builder.mul(b, ir.Constant(b.type, block_bytes))
                 for line in range(0, block_bytes, prefetch_step):  # every line of the block, further on
                     v.prefetch(None, row, v.offset(base, line))
