@@ -10,9 +10,7 @@ are first rearranged (pair_activations, once per matmul: O(T*K)) so that each op
   pd float32[P, nb*w]    their scales
   ps int32[P, nb*w]      the integer lanes' starting values (below)
 in one of two layouts. "Spread" (w = 16): each scale repeated over its row's 8 lanes and each start in
-its lane, so that they are plain loads (the scale one multiply with a memory operand: measured faster
-than one 8-lane multiply for the group of four pairs followed by a permute per pair, 0.77 against 0.84
-of the time before either change); the fastest while the pairs stay in the L1 cache. "Compact" (w = 2):
+its lane, so that they are plain loads; the fastest while the pairs stay in the L1 cache. "Compact" (w = 2):
 the two values per block, spread by a shuffle; the same bytes as the activation arrays themselves. The
 driver takes the spread layout while one group of four pairs is at most SPREAD_MAX_BYTES, and goes over
 the weight rows in chunks of CHUNK_ROWS, each chunk against every group in turn, so that a group's pairs
@@ -27,6 +25,15 @@ which pair_activations stores per lane in the spread layout: each lane ends at e
 the one-row kernel's lane i (whose vpdpbusd takes |w| and the activations with w's signs).
 Every lane thus sees exactly the integer of the one-row kernel's lane and the same float operations, so
 every result is bit-identical to vec_dot's.
+
+What bounds the kernels (one core, in L1, Q8_0 at K = 640 against 8 activation rows, variants timed
+alternately in one process): with one weight row a call, taking away any one of the three 64-byte loads
+per pair and block (activations, scales, starts) saved about a quarter of the time, while taking away
+an arithmetic operation (the int-to-float conversion) saved nothing: the loads bound it. Hence four
+weight rows a call (PAIR_ROWS), each load serving four. Tried and slower: the scales as one 8-lane
+multiply per block for the group and a permute per pair (8-19% slower at four rows, 10% at one), Q5_0's
+nibbles unpacked straight into 512 bits (no faster), one prefetch per block instead of one per row
+(5-7% slower).
 """
 
 from __future__ import annotations
