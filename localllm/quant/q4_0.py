@@ -59,8 +59,8 @@ row_dot = row_dot_kernel(block_terms)
 # (batched decode), each result equal to vec_dot's (vector.grid_dot_intrinsic).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): one or four weight
-# rows against 8, 4 or 2 activation rows, by name (pairs.pair_kernel_names).
+# Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): four weight rows
+# (pairs.PAIR_ROWS) against 8, 4 or 2 activation rows, by name (pairs.pair_kernel_names).
 ZERO_POINT = 8
 QUAD_ZERO = 0  # (Q8_0's per-lane starts: pairs.py)
 pair_terms = pair_terms_kernel(BLOCK_BYTES, qs_offset=2)

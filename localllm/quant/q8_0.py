@@ -121,8 +121,8 @@ ONE_ROW_MIN_BYTES = 32 << 20
 # one activation (the decode matvec), one weight row against four activation rows (batched decode).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): one or four weight
-# rows against 8, 4 or 2 activation rows, by name (pairs.pair_kernel_names).
+# Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): four weight rows
+# (pairs.PAIR_ROWS) against 8, 4 or 2 activation rows, by name (pairs.pair_kernel_names).
 PAIR_KERNELS = pair_grid_dots(pair_terms)
 
 

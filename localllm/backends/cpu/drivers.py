@@ -136,10 +136,9 @@ def matvec_rows(weights, out, qs, d, s):
 ''' + ROW_HELPERS
 
 
-# For the types whose module also has pair kernels (dot_pairs_1x8 and the like: one weight row against
-# activation rows taken in pairs, two rows to a 512-bit vector where the target has AVX-512, each result
-# equal to vec_dot's bit for bit, see quant.pairs): GRID_TEMPLATE's matvec with a
-# batched matvec on them.
+# For the types whose module also has pair kernels (PAIR_KERNELS: four weight rows against activation
+# rows taken in pairs, two rows to a 512-bit vector where the target has AVX-512, each result equal to
+# vec_dot's bit for bit, see quant.pairs): GRID_TEMPLATE's matvec with a batched matvec on them.
 PAIRS_ROWS_TEMPLATE = """
 
 @numba.njit(parallel=True, cache=True, nogil=True, fastmath=True)
