@@ -101,3 +101,15 @@ def test_stop_string_ends_generation_and_is_not_emitted(model):
     _, stopped_text, done = run(model, prompt, max_tokens=16, temperature=0, stop=[stop], session=model.new_session())
     assert done.finish_reason == "stop"
     assert stopped_text == full[: full.index(stop)]
+
+
+def test_warm_up_leaves_the_model_as_it_was(model, tmp_path):
+    prompt = [2, 300, 17, 281, 299, 5]
+    before = model.logits(prompt)
+    list(model.generate(prompt, max_tokens=3, temperature=0))  # the default session holds a conversation
+    session_tokens = list(model.session.tokens)
+    model.warm_up()
+    assert model.session.tokens == session_tokens
+    np.testing.assert_array_equal(model.logits(prompt), before)
+    small = localllm.load(write_tiny_model(tmp_path / "small.gguf", "llama", "F32"), n_ctx=16, threads=1)
+    small.warm_up()  # a context shorter than the warm-up prompt

@@ -85,7 +85,10 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
         f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]"
     )
     with ui.err_console.status(f"loading {Path(path).name}"):
-        return localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
+        llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
+    with ui.err_console.status("preparing the kernels (compiled once per machine: the first run takes a while)"):
+        llm.warm_up()
+    return llm
 
 
 class Repl:
