@@ -1,9 +1,9 @@
-"""Q4_K and Q6_K vec_dot against a NumPy model of their arithmetic, bit for bit.
+"""Q4_K, Q5_K and Q6_K vec_dot against a NumPy model of their arithmetic, bit for bit.
 
-Per super-block the kernels compute exact integers (Q4_K: sum_k scale_k * <q_k, a_k> and
+Per super-block the kernels compute exact integers (Q4_K, Q5_K: sum_k scale_k * <q_k, a_k> and
 sum_k min_k * <1, a_k>; Q6_K: sum_g scale_g * <q_g - 32, a_g>), however their vector code is arranged
 (AVX-512, AVX2, generic; see test_quant_isa), then one float step per block in a fixed order, with fused multiply-adds (rounded once):
-  Q4_K: fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
+  Q4_K, Q5_K: fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
   Q6_K: fma(ad * d, float(total), acc)
 (what the kernels computed when this test was written: LLVM had contracted the written
 acc + ad * (d * scaled - dmin * mins) so; they now state the fmas). The model computes the integers in
@@ -35,9 +35,23 @@ def fma32(a, b, c):
 
 def _q4_k_model(row, aqs, ad, asum):
     blocks = row.reshape(-1, 144)
-    scales, mins = (x.astype(np.int64) for x in unpack_scales_mins(blocks[:, 4:16]))
     packed = blocks[:, 16:].reshape(-1, 4, 1, 32)
     q = np.concatenate([packed & 15, packed >> 4], axis=2).reshape(-1, 8, 32).astype(np.int64)
+    return _k4_float_steps(blocks, q, aqs, ad, asum)
+
+
+def _q5_k_model(row, aqs, ad, asum):
+    blocks = row.reshape(-1, 176)
+    packed = blocks[:, 48:].reshape(-1, 4, 1, 32)
+    low = np.concatenate([packed & 15, packed >> 4], axis=2).reshape(-1, 8, 32)  # sub-block k = 2c + half
+    fifth = (blocks[:, 16:48].reshape(-1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 8, 1)) & 1
+    q = (low | (fifth << 4)).astype(np.int64)
+    return _k4_float_steps(blocks, q, aqs, ad, asum)
+
+
+def _k4_float_steps(blocks, q, aqs, ad, asum):
+    """Q4_K's and Q5_K's integers (q: the unsigned quants [nb, 8, 32]) and float steps."""
+    scales, mins = (x.astype(np.int64) for x in unpack_scales_mins(blocks[:, 4:16]))
     a = aqs.reshape(-1, 8, 32).astype(np.int64)
     scaled = ((q * a).sum(axis=2) * scales).sum(axis=1)
     mins_sum = (asum.reshape(-1, 8, 2).astype(np.int64).sum(axis=2) * mins).sum(axis=1)
@@ -62,7 +76,7 @@ def _q6_k_model(row, aqs, ad, asum):
     return acc
 
 
-MODELS = {"Q4_K": _q4_k_model, "Q6_K": _q6_k_model}
+MODELS = {"Q4_K": _q4_k_model, "Q5_K": _q5_k_model, "Q6_K": _q6_k_model}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

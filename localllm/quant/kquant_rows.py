@@ -1,4 +1,4 @@
-"""Multi-row dot products for the super-block types Q4_K and Q6_K: one weight row against R q8_k
+"""Multi-row dot products for the super-block types Q4_K, Q5_K and Q6_K: one weight row against R q8_k
 activation rows (the batched decode, and an integer path for prefill), each result bit-identical to
 the type's one-row `vec_dot`.
 
@@ -20,7 +20,7 @@ exact since a 16-element sum fits in int16. The rows' accumulators are then redu
 transposing tree (two vectors -> one, each add halving every row's partials), so the horizontal sums
 cost a few shuffles per row, and the float step runs with the rows as lanes: a vector fma is a scalar
 fma per lane, so each lane does exactly what the type's `accumulate` does for its row:
-    Q4_K: acc = fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
+    Q4_K, Q5_K: acc = fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
     Q6_K: acc = fma(ad * d, float(total), acc)
 The integers are exact wrapping int32 sums (the same whatever their order), so every lane's value is
 vec_dot's, bit for bit (tests/test_quant_kquant_rows.py, on every VECTOR_ISA path).
@@ -38,7 +38,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import q4_k, q6_k
+from . import q4_k, q5_k, q6_k
 from .jit import exact_kernel
 from .vector import VectorCode
 
@@ -244,6 +244,26 @@ def _q4_k_float(v, row, base, ints, ad, acc):
     return _fma(builder, ad, step, acc)
 
 
+# ----- Q5_K: Q4_K's layout and arithmetic, with a fifth bit per quant -----
+
+
+def _q5_k_shared(v, row, base):
+    """As _q4_k_shared, the quants 5-bit: bit 2c of qh[l] (bit 2c + 1) is bit 4 of element 64c + l
+    (64c + 32 + l)."""
+    codes = q4_k.emit_scale_min_codes(v, None, row, v.offset(base, q5_k._SCALES))
+    codes16 = v.widen(codes, 16, signed=False)
+    low8 = v.shuffle(codes16, range(8))
+    high = v.load(None, row, v.offset(base, q5_k._QH), q5_k.SUB)
+    quants, scales = [], []
+    for c in range(q5_k.N_SUB // 2):
+        packed = v.load(None, row, v.offset(base, q5_k._QS + q5_k.SUB * c), q5_k.SUB)
+        nibbles = v.bit_fields_wide(packed, {j: j for j in range(4)}, {j: j + 4 for j in range(4)})
+        quants.append(v.or_(nibbles, v.bit_fields_wide(high, {4: 2 * c}, {4: 2 * c + 1})))
+        scales.append(v.pick_words(low8, [2 * c] * 16 + [2 * c + 1] * 16))
+    mins = v.shuffle(codes16, [8 + lane % 8 for lane in range(32)])
+    return quants, scales, mins
+
+
 # ----- Q6_K -----
 
 
@@ -314,10 +334,14 @@ def _q6_k_float(v, row, base, ints, ad, acc):
 q4_k_rows_8, q4_k_rows_4 = (
     _rows_intrinsic(n, q4_k.BLOCK_BYTES, 48, 8, _q4_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4)
 )
+q5_k_rows_8, q5_k_rows_4 = (
+    _rows_intrinsic(n, q5_k.BLOCK_BYTES, 48, 8, _q5_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4)
+)
+q5_k_pack = q4_k_pack  # the same activation layout (pair sums for the mins)
 q6_k_rows_8, q6_k_rows_4 = (
     _rows_intrinsic(n, q6_k.BLOCK_BYTES, 60, 16, _q6_k_shared, _q6_k_ints, _q6_k_float) for n in (8, 4)
 )
 
 # The types with kernels here: QuantType name -> the prefix of their names (<prefix>_pack, <prefix>_rows_8,
 # <prefix>_rows_4).
-ROW_KERNELS = {"Q4_K": "q4_k", "Q6_K": "q6_k"}
+ROW_KERNELS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
