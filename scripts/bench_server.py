@@ -7,7 +7,7 @@ Starts the server in-process on 127.0.0.1 (a free port) and drives it over HTTP 
      answer against the one expected for its prompt (cross-talk would change it); no error allowed;
      resident memory sampled, KV pool bounded by --cache-mb.
 
-    python scripts/bench_server.py [--model PATH] [--soak-seconds 120] [--tokens 32] [--throughput-only]
+    python scripts/bench_server.py [--model PATH] [--soak-seconds 120] [--tokens 32] [--rounds 2] [--throughput-only]
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ def ask(client, model_id, content, max_tokens, system=None, stream=False):
                                           stream=stream)
 
 
-def throughput(server, n_clients: int, max_tokens: int) -> float:
-    """Aggregate generated tokens per second with n_clients concurrent requests (2 rounds each)."""
+def throughput(server, n_clients: int, max_tokens: int, rounds: int = 2) -> float:
+    """Aggregate generated tokens per second with n_clients concurrent clients, each sending `rounds`
+    requests one after the other."""
     client = client_for(server)
 
     def one(i):
         total = 0
-        for r in range(2):
+        for r in range(rounds):
             reply = ask(client, server.model_id, f"{PROMPTS[i % len(PROMPTS)]} ({r})", max_tokens)
             total += reply.usage.completion_tokens
         return total
@@ -129,6 +130,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None)
     parser.add_argument("--tokens", type=int, default=32, help="tokens per request (throughput, soak)")
+    parser.add_argument("--rounds", type=int, default=2, help="requests per client in the throughput test")
     parser.add_argument("--soak-seconds", type=float, default=120.0)
     parser.add_argument("--soak-clients", type=int, default=32)
     parser.add_argument("--cache-mb", type=float, default=256)
@@ -140,8 +142,8 @@ def main() -> int:
     options = ServeOptions(host="127.0.0.1", port=0, parallel=8, cache_mb=args.cache_mb, max_queue=64)
     with BackgroundServer(model, options) as server:
         ask(client_for(server), server.model_id, "warm up", 4)  # compile/load kernels outside the timings
-        one = throughput(server, 1, args.tokens)
-        eight = throughput(server, 8, args.tokens)
+        one = throughput(server, 1, args.tokens, args.rounds)
+        eight = throughput(server, 8, args.tokens, args.rounds)
         print(f"throughput: 1 client {one:.1f} tok/s, 8 clients {eight:.1f} tok/s aggregate, ratio {eight / one:.2f}x")
         if args.throughput_only:
             return 0
