@@ -3,7 +3,7 @@ one-row vec_dot, bit for bit.
 
 The server's batched decode needs a row's result not to depend on the batch, so every out[t, r] of
 matvec_rows must be the very float vec_dot(w[r], aqs[t], ad[t], asum[t]) gives: batches of T = 1..17
-(groups of eight, a repeated-row tail group of eight or four, a lone row), rows of 256..14336, extreme
+(groups of eight, a tail group of eight or four repeating the last row, a pair, a lone row), rows of 256..14336, extreme
 activations (quants at -127 and 127, the largest 16- and 32-element sums, all zero) and weights (every
 byte pattern, zero blocks, special float16 scales); and the same on every VectorCode instruction-set
 path (uncached copies compiled under each VECTOR_ISA, as in test_quant_isa.py).
@@ -62,7 +62,7 @@ def test_matvec_rows_equals_vec_dot_on_long_rows(name, k, scale):
     rng = np.random.default_rng(k)
     qt = quant.get(name)
     raw = np.concatenate([random_rows(name, 5, k, rng), qt.quantize(rng.normal(0, 0.05, (3, k)).astype(np.float32))])
-    for n_rows in (8, 9, 11, 13):  # eight; and a lone row, a group of four, a group of eight repeating row T - 1
+    for n_rows in (8, 9, 10, 11, 13):  # eight; and a lone row, a pair, a group of four, a group of eight repeating T - 1
         batch = BatchActivation(qt.act, n_rows, k).quantize(_activations(rng, n_rows, k, scale))
         out = np.empty((n_rows, raw.shape[0]), dtype=np.float32)
         row_drivers(qt).matvec_rows(raw, out, *batch)
@@ -75,7 +75,7 @@ def test_matvec_rows_equals_vec_dot_on_every_isa(name):
     qt = quant.get(name)
     k = 512
     raw = random_rows(name, 9, k, rng)
-    batches = [BatchActivation(qt.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (3, 8, 12)]
+    batches = [BatchActivation(qt.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (2, 3, 8, 13)]
     expected = [_expected(qt, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:

@@ -5,7 +5,7 @@ the type's one-row `vec_dot`.
     <type>_pack(qs, d, s, t0, n_groups, R) -> (pq, pd, ps): the activation rows [T, ...] rearranged once
         per matmul into groups of R rows, block by block (rows past T - 1 repeat it, so a batch's
         remainder is one more group whose extra lanes the driver stores on the last row)
-    <type>_rows_R (R = 8, 4; any power of two from 4 builds): intrinsics
+    <type>_rows_R (R = 8, 4, 2; any power of two from 2 builds): intrinsics
         (weights uint8[N, row_bytes], r, pq, pd, ps, g, b0, b1, start) -> UniTuple(float32, R): blocks
         b0..b1-1 of weight row r against the R rows of group g, accumulating on from `start` (R floats),
         so that a driver can take the blocks in ranges whose activations stay in the L1 cache
@@ -224,9 +224,12 @@ def _q4_k_ints(v, unpacked, acts, sums, n_rows):
             a = v.load(None, acts, ir.Constant(I32, 256 * i + 64 * c), 64)
             acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(q, a), s))
         rows.append(acc)
-    scaled, _ = _reduce(v, rows, 1, until=4)  # R / 4 vectors of 4 rows x 4 partials
-    mins = [v.scale_pairs_wide(v.load(None, sums, ir.Constant(I32, 32 * j), 32), min_words) for j in range(n_rows // 4)]
-    vectors, _ = _reduce(v, scaled + mins, 4)
+    scaled, count = _reduce(v, rows, 1, until=4)  # R / 4 vectors of 4 rows x 4 partials (R = 2: one of 2 x 4)
+    if n_rows >= 4:
+        mins = [v.scale_pairs_wide(v.load(None, sums, ir.Constant(I32, 32 * j), 32), min_words) for j in range(n_rows // 4)]
+    else:  # two rows: their 16 pair sums on 256 bits, 2 rows x 4 partials
+        mins = [v.scale_pairs(v.load(None, sums, ir.Constant(I32, 0), 16), v.shuffle(min_words, range(16)))]
+    vectors, _ = _reduce(v, scaled + mins, count)
     return vectors[0] if len(vectors) == 1 else v.join(*vectors)
 
 
@@ -331,17 +334,17 @@ def _q6_k_float(v, row, base, ints, ad, acc):
     return _fma(builder, scale, builder.sitofp(ints, ad.type), acc)
 
 
-q4_k_rows_8, q4_k_rows_4 = (
-    _rows_intrinsic(n, q4_k.BLOCK_BYTES, 48, 8, _q4_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4)
+q4_k_rows_8, q4_k_rows_4, q4_k_rows_2 = (
+    _rows_intrinsic(n, q4_k.BLOCK_BYTES, 48, 8, _q4_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4, 2)
 )
-q5_k_rows_8, q5_k_rows_4 = (
-    _rows_intrinsic(n, q5_k.BLOCK_BYTES, 48, 8, _q5_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4)
+q5_k_rows_8, q5_k_rows_4, q5_k_rows_2 = (
+    _rows_intrinsic(n, q5_k.BLOCK_BYTES, 48, 8, _q5_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4, 2)
 )
 q5_k_pack = q4_k_pack  # the same activation layout (pair sums for the mins)
-q6_k_rows_8, q6_k_rows_4 = (
-    _rows_intrinsic(n, q6_k.BLOCK_BYTES, 60, 16, _q6_k_shared, _q6_k_ints, _q6_k_float) for n in (8, 4)
+q6_k_rows_8, q6_k_rows_4, q6_k_rows_2 = (
+    _rows_intrinsic(n, q6_k.BLOCK_BYTES, 60, 16, _q6_k_shared, _q6_k_ints, _q6_k_float) for n in (8, 4, 2)
 )
 
 # The types with kernels here: QuantType name -> the prefix of their names (<prefix>_pack, <prefix>_rows_8,
-# <prefix>_rows_4).
+# <prefix>_rows_4, <prefix>_rows_2).
 ROW_KERNELS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}
