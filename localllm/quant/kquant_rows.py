@@ -6,9 +6,10 @@ the type's one-row `vec_dot`.
         per matmul into groups of R rows, block by block (rows past T - 1 repeat it, so a batch's
         remainder is one more group whose extra lanes the driver stores on the last row)
     <type>_rows_R (R = 8, 4, 2; any power of two from 2 builds): intrinsics
-        (weights uint8[N, row_bytes], r, pq, pd, ps, g, b0, b1, start) -> UniTuple(float32, R): blocks
-        b0..b1-1 of weight row r against the R rows of group g, accumulating on from `start` (R floats),
-        so that a driver can take the blocks in ranges whose activations stay in the L1 cache
+        (weights uint8[N, row_bytes], r, pq, pd, ps, g, b0, b1, start, ahead) -> UniTuple(float32, R):
+        blocks b0..b1-1 of weight row r against the R rows of group g, accumulating on from `start` (R
+        floats), so that a driver can take the blocks in ranges whose activations stay in the L1 cache;
+        `ahead`: the prefetch distance in bytes
 
 Per super-block the weights are unpacked once (quants, per-sub-block scales as words, the mins or the
 Q6_K offsets as words) and then, per activation row, the integer work is two multiply-adds per 64
@@ -92,10 +93,13 @@ def _fma(builder, a, b, c):
 
 def _rows_intrinsic(n_rows: int, block_bytes: int, prefetch_step: int, sums_per_row: int, shared, block_ints, float_step):
     """The intrinsic for one type and R = n_rows,
-        rows_dot(weights, r, pq, pd, ps, g, b0, b1, start) -> UniTuple(float32, R):
+        rows_dot(weights, r, pq, pd, ps, g, b0, b1, start, ahead) -> UniTuple(float32, R):
     blocks b0 <= b < b1 of weight row r against the R rows of group g, the float accumulation going on
     from start (R float32: zeros for b0 = 0, else what the call for the blocks before b0 returned; the
-    float steps are sequential per block, so a row split into ranges gives vec_dot's value exactly).
+    float steps are sequential per block, so a row split into ranges gives vec_dot's value exactly);
+    each block asks for its cache lines `ahead` bytes further on (the weight bytes the driver reads next
+    at that point: PREFETCH_BYTES when it goes row after row, a row's length when it takes the same
+    range of blocks of the next row).
     shared(v, row, base) unpacks the block at byte base of
     the weight row (a uint8 pointer) once; block_ints(v, unpacked, acts, sums, b, n_rows) gives the
     block's integers for the R rows (activations of the packed layout: element pointers of the group's
@@ -103,11 +107,11 @@ def _rows_intrinsic(n_rows: int, block_bytes: int, prefetch_step: int, sums_per_
     lanes of acc (ad: <R x float>, the rows' activation scales)."""
 
     @intrinsic
-    def rows_dot(typingctx, weights, r, pq, pd, ps, group, b0, b1, start):
-        sig = types.UniTuple(types.float32, n_rows)(weights, r, pq, pd, ps, group, b0, b1, start)
+    def rows_dot(typingctx, weights, r, pq, pd, ps, group, b0, b1, start, ahead):
+        sig = types.UniTuple(types.float32, n_rows)(weights, r, pq, pd, ps, group, b0, b1, start, ahead)
 
         def codegen(context, builder, signature, args):
-            weights_, r_, pq_, pd_, ps_, group_, b0_, b1_, start_ = args
+            weights_, r_, pq_, pd_, ps_, group_, b0_, b1_, start_, ahead_ = args
             w_type, _, pq_type, pd_type, ps_type = signature.args[:5]
             v = VectorCode(context, builder)
             row = v.row_pointer(w_type, weights_, r_)
@@ -121,11 +125,12 @@ def _rows_intrinsic(n_rows: int, block_bytes: int, prefetch_step: int, sums_per_
             acc_pointer = cgutils.alloca_once_value(builder, acc)
             b0_ = context.cast(builder, b0_, signature.args[6], types.intp)
             b1_ = context.cast(builder, b1_, signature.args[7], types.intp)
+            ahead_ = context.cast(builder, ahead_, signature.args[9], types.intp)
             with cgutils.for_range(builder, builder.sub(b1_, b0_)) as loop:
                 b = builder.add(b0_, loop.index)
                 base = builder.mul(b, ir.Constant(b.type, block_bytes))
-                for line in range(0, block_bytes, prefetch_step):  # every line of the block, further on
-                    v.prefetch(None, row, v.offset(base, line))
+                for line in range(0, block_bytes, prefetch_step):  # every line of the block, `ahead` further on
+                    v.prefetch(None, row, builder.add(v.offset(base, line), ahead_), 0)
                 unpacked = shared(v, row, base)
                 block_acts = builder.gep(acts, [builder.mul(b, ir.Constant(b.type, 256 * n_rows))])
                 block_sums = builder.gep(sums, [builder.mul(b, ir.Constant(b.type, sums_per_row * n_rows))])

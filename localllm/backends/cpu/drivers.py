@@ -225,6 +225,7 @@ import numpy as np
 from numba import prange
 
 from {module} import vec_dot
+from localllm.quant.vector import PREFETCH_BYTES
 from localllm.quant.kquant_rows import {prefix}_pack as pack, {prefix}_rows_2 as rows_2, {prefix}_rows_4 as rows_4, {prefix}_rows_8 as rows_8
 
 TILE = 8  # weight rows a thread takes against each group of activation rows in turn
@@ -269,14 +270,14 @@ def matvec_rows(weights, out, qs, d, s):
                 t5, t6, t7 = min(t + 5, last), min(t + 6, last), min(t + 7, last)
                 for r in range(start, stop):
                     (out[t, r], out[t + 1, r], out[t + 2, r], out[t + 3, r], out[t + 4, r], out[t5, r], out[t6, r],
-                     out[t7, r]) = rows_8(weights, r, pq, pd, ps, g, 0, n_blocks, (zero, zero, zero, zero, zero, zero, zero, zero))
+                     out[t7, r]) = rows_8(weights, r, pq, pd, ps, g, 0, n_blocks, (zero, zero, zero, zero, zero, zero, zero, zero), PREFETCH_BYTES)
             if fours:
                 t2, t3 = min(t4 + 2, last), min(t4 + 3, last)
                 for r in range(start, stop):
-                    out[t4, r], out[t4 + 1, r], out[t2, r], out[t3, r] = rows_4(weights, r, fq, fd, fs, 0, 0, n_blocks, (zero, zero, zero, zero))
+                    out[t4, r], out[t4 + 1, r], out[t2, r], out[t3, r] = rows_4(weights, r, fq, fd, fs, 0, 0, n_blocks, (zero, zero, zero, zero), PREFETCH_BYTES)
             if twos:
                 for r in range(start, stop):
-                    out[t4, r], out[t4 + 1, r] = rows_2(weights, r, wq, wd, ws, 0, 0, n_blocks, (zero, zero))
+                    out[t4, r], out[t4 + 1, r] = rows_2(weights, r, wq, wd, ws, 0, 0, n_blocks, (zero, zero), PREFETCH_BYTES)
             if rest == 1:
                 for r in range(start, stop):
                     out[last, r] = vec_dot(weights[r], qs[last], d[last], s[last])
@@ -284,6 +285,10 @@ def matvec_rows(weights, out, qs, d, s):
     # The accumulators as [r, t], a weight row's contiguous: read and written back at every range of
     # blocks, out's columns (T rows 4 KiB or more apart, one L1 set) were 40% slower at T = 64, measured.
     n_acc = n_rows - 1 if rest == 1 else n_rows  # rows through the kernels (a lone last row: vec_dot)
+    # After a range of blocks of row r comes the same range of row r + 1: prefetch a row ahead (8 KiB was
+    # a row and a third back for a Q6_K row of 14336, 11.8 KiB: Llama-3-8B's ffn_down at T=8 ran at half
+    # the speed of the Q4_K one, measured).
+    ahead = weights.strides[0]
     acc = np.empty((n_out, n_acc), dtype=np.float32)
     for tile in prange((n_out + TILE - 1) // TILE):
         start = tile * TILE
@@ -299,17 +304,17 @@ def matvec_rows(weights, out, qs, d, s):
                 for r in range(start, stop):
                     a = acc[r]
                     (a[t], a[t + 1], a[t + 2], a[t + 3], a[t + 4], a[t5], a[t6], a[t7]) = rows_8(
-                        weights, r, pq, pd, ps, g, b0, b1, (a[t], a[t + 1], a[t + 2], a[t + 3], a[t + 4], a[t5], a[t6], a[t7])
+                        weights, r, pq, pd, ps, g, b0, b1, (a[t], a[t + 1], a[t + 2], a[t + 3], a[t + 4], a[t5], a[t6], a[t7]), ahead
                     )
             if fours:
                 t2, t3 = min(t4 + 2, last), min(t4 + 3, last)
                 for r in range(start, stop):
                     a = acc[r]
-                    a[t4], a[t4 + 1], a[t2], a[t3] = rows_4(weights, r, fq, fd, fs, 0, b0, b1, (a[t4], a[t4 + 1], a[t2], a[t3]))
+                    a[t4], a[t4 + 1], a[t2], a[t3] = rows_4(weights, r, fq, fd, fs, 0, b0, b1, (a[t4], a[t4 + 1], a[t2], a[t3]), ahead)
             if twos:
                 for r in range(start, stop):
                     a = acc[r]
-                    a[t4], a[t4 + 1] = rows_2(weights, r, wq, wd, ws, 0, b0, b1, (a[t4], a[t4 + 1]))
+                    a[t4], a[t4 + 1] = rows_2(weights, r, wq, wd, ws, 0, b0, b1, (a[t4], a[t4 + 1]), ahead)
         for t in range(n_acc):  # row by row of out: the tile's results for row t are one cache line
             for r in range(start, stop):
                 out[t, r] = acc[r, t]
