@@ -122,3 +122,21 @@ def test_large_steps_move_to_one_thread_when_it_is_faster_per_row(clock):
     sizes = [40, 64, 50, 33, 60] * 4
     used = [run_steps(governor, clock, 1, lambda s, r=r: r * (0.004 if s == 2 else 0.002), rows=r)[0] for r in sizes]
     assert used[:3] == [2, 2, 1] and used[3:].count(1) >= len(used) - 5
+
+
+def _blas_threads() -> int:
+    import threadpoolctl
+
+    return min(info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas")
+
+
+@pytest.mark.parametrize("qtype,blas_threads", [("Q8_0", 1), ("F16", 2)])
+def test_blas_keeps_its_threads_only_for_models_whose_products_use_it(tmp_path, qtype, blas_threads):
+    """With every matrix on the integer kernels, BLAS serves prefill attention only, on one thread
+    (its idle workers slowed the two-thread integer products); float weights multiply through BLAS."""
+    import localllm
+    from tiny_models import write_tiny_model
+
+    model = localllm.load(write_tiny_model(tmp_path / f"{qtype}.gguf", "llama", qtype), n_ctx=64, threads=2)
+    model.logits(list(range(2, 42)))  # a prefill through BLAS attention (40 rows)
+    assert _blas_threads() == blas_threads

@@ -12,7 +12,7 @@ from ...errors import LocalLLMError
 from ..base import Backend, Weight
 from . import kernels
 from .attention_blas import BlasAttention
-from .matmul import BLAS_MIN_ROWS, MatmulScratch, blas_min_rows, gather_rows_kernel, matmul, matmul_rows, matmul_segments
+from .matmul import BLAS_MIN_ROWS, INTEGER_ALWAYS, MatmulScratch, blas_min_rows, gather_rows_kernel, matmul, matmul_rows, matmul_segments
 from .threads import DecodeThreads, configure_openmp_waiting
 
 # Bounded spinning for idle OpenMP workers, before Numba starts its pool (see threads.py).
@@ -76,6 +76,23 @@ SMALL_MATVEC_BYTES = 1 << 16
 SMALL_ATTENTION_WORK = 1 << 18
 
 
+_blas_threads = None  # the OpenBLAS thread count last set by _limit_blas_threads
+
+
+def _limit_blas_threads(n: int) -> None:
+    """BLAS's thread count, process-wide (set only when it changes: threadpoolctl takes ~1 ms).
+    A model whose matrix products all run on the integer kernels uses BLAS only for prefill attention,
+    and there OpenBLAS's second thread costs more than it brings: its idle workers keep polling, and
+    the two-thread Numba products next to them slow down (Gemma 3 270M pp512, 2 threads: 680-720
+    tok/s with 2 BLAS threads, 1170-1230 with 1; with 1 Numba thread 920-940 against 840-890)."""
+    global _blas_threads
+    if n != _blas_threads:
+        import threadpoolctl
+
+        threadpoolctl.threadpool_limits(limits=n, user_api="blas")
+        _blas_threads = n
+
+
 class CPUBackend(Backend):
     name = "cpu"
 
@@ -88,10 +105,10 @@ class CPUBackend(Backend):
         global _read_numba_threads
         if _read_numba_threads is None:
             _read_numba_threads = _resolve_numba_threads_reader()
-        # Prefill multiplies through NumPy's BLAS: it gets the same thread count as our kernels.
-        import threadpoolctl
-
-        threadpoolctl.threadpool_limits(limits=self.threads, user_api="blas")
+        # BLAS (prefill of types without multi-row kernels, prefill attention) gets the same thread count
+        # as our kernels, or one once the model's weights show it is used for attention only (begin_step).
+        _limit_blas_threads(self.threads)
+        self._matmuls_use_blas = False  # set by upload() for a matrix of a type without multi-row kernels
         self.scratch = MatmulScratch()
         self._inv_freq: dict[tuple, np.ndarray] = {}
         self._rope_cache: dict[tuple, tuple] = {}  # RoPE setting -> (positions bytes, cos, sin) of the last step
@@ -105,6 +122,7 @@ class CPUBackend(Backend):
         # Every step is measured, keyed by its row count: in a prefill only the one-row ops (the output
         # projection of the last row) take this count, in the server's batched steps every decode row.
         self._decode.begin(rows)
+        _limit_blas_threads(self.threads if self._matmuls_use_blas else 1)
 
     def end_step(self) -> None:
         self._decode.end()
@@ -113,6 +131,8 @@ class CPUBackend(Backend):
         return quant.is_supported(qtype)
 
     def upload(self, weight: Weight) -> Weight:
+        if len(weight.shape) >= 2 and quant.is_supported(weight.qtype):
+            self._matmuls_use_blas |= blas_min_rows(quant.get(weight.qtype)) < INTEGER_ALWAYS
         return weight
 
     def alloc(self, shape, dtype=np.float32):
