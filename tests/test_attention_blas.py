@@ -89,6 +89,23 @@ def test_blas_attention_independent_of_thread_count():
         np.testing.assert_array_equal(out, results[0])
 
 
+@pytest.mark.parametrize("case", CASES)
+def test_blas_attention_with_two_workers_equals_one(case):
+    """Blocks shared between threads (BLAS on one thread each) give every block exactly its result."""
+    import threadpoolctl
+
+    n_tokens, n_head, n_kv, head_dim, start, window = case
+    q, cache_k, cache_v = random_case(sum(case) + 1, n_tokens, n_head, n_kv, head_dim, start)
+    results = []
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        for workers in (1, 2, 3):
+            out = np.full(q.shape, np.nan, np.float32)
+            BlasAttention(32, workers=workers)(q, cache_k, cache_v, start, 0.3, window, out)
+            results.append(out)
+    for out in results[1:]:
+        np.testing.assert_array_equal(out, results[0])
+
+
 @numba.njit(fastmath=True)  # not cached: a cached caller here would keep an old copy of the kernel
 def _exp_all(x, out):
     for i in range(x.shape[0]):

@@ -123,6 +123,7 @@ class CPUBackend(Backend):
         # projection of the last row) take this count, in the server's batched steps every decode row.
         self._decode.begin(rows)
         _limit_blas_threads(self.threads if self._matmuls_use_blas else 1)
+        self._blas_attention.workers = 1 if self._matmuls_use_blas else self.threads
 
     def end_step(self) -> None:
         self._decode.end()

@@ -21,19 +21,23 @@ BLOCK = 64
 
 
 class BlasAttention:
-    """Reusable scratch for the scores and the float32 copies of one head's keys and values."""
+    """Reusable scratch for the scores and the float32 copies of the keys and values.
 
-    def __init__(self, block: int = BLOCK):
+    `workers`: threads that take the (KV head, query block) products between them. With BLAS on one
+    thread (CPUBackend: a model whose matrix products are all integer), two workers run two blocks at
+    once: NumPy's matmul and the Numba softmax release the GIL, and every block is computed exactly as
+    it is alone (the same single-threaded BLAS call), so the result does not depend on the count."""
+
+    def __init__(self, block: int = BLOCK, workers: int = 1):
         self.block = block
-        self._scores = np.empty(0, dtype=np.float32)
-        self._kv = np.empty(0, dtype=np.float32)
-        self._out = np.empty(0, dtype=np.float32)
+        self.workers = workers
+        self._pool = None
+        self._scratch: dict[tuple[str, int], np.ndarray] = {}
 
-    def _buffer(self, name: str, size: int) -> np.ndarray:
-        buf = getattr(self, name)
-        if buf.size < size:
-            buf = np.empty(size, dtype=np.float32)
-            setattr(self, name, buf)
+    def _buffer(self, name: str, worker: int, size: int) -> np.ndarray:
+        buf = self._scratch.get((name, worker))
+        if buf is None or buf.size < size:
+            buf = self._scratch[(name, worker)] = np.empty(size, dtype=np.float32)
         return buf[:size]
 
     def __call__(self, q, cache_k, cache_v, start: int, scale: float, window: int, out) -> None:
@@ -41,37 +45,57 @@ class BlasAttention:
         out float32[T, Hq, D]. Query t sits at position start + t."""
         n_tokens, n_head, head_dim = q.shape
         n_kv = cache_k.shape[1]
-        group = n_head // n_kv
-        n_keys = start + n_tokens
         window = int(window)
         # the first key any query sees: only keys from there on are converted to float32
         lo = max(0, start - window + 1) if window > 0 else 0
-        block = self.block
-        kv = self._buffer("_kv", 2 * (n_keys - lo) * head_dim).reshape(2, n_keys - lo, head_dim)
-        max_rows = min(block, n_tokens) * group
-        max_cols = min(n_keys - lo, min(block, n_tokens) + (window - 1 if window > 0 else n_keys))
-        scores = self._buffer("_scores", max_rows * max_cols)
-        direct = n_kv == 1 and out.flags.c_contiguous  # out[t0:t1] is then the block's [rows, D] output
-        staged = None if direct else self._buffer("_out", max_rows * head_dim)
-        scale = np.float32(scale)
+        n_keys = start + n_tokens
+        kv = self._buffer("kv", 0, n_kv * 2 * (n_keys - lo) * head_dim).reshape(n_kv, 2, n_keys - lo, head_dim)
         k_bits, v_bits = cache_k.view(np.uint16), cache_v.view(np.uint16)
         for g in range(n_kv):
-            kernels.f16_head_to_f32(k_bits, g, lo, kv[0])  # float16 -> float32, exact
-            kernels.f16_head_to_f32(v_bits, g, lo, kv[1])
+            kernels.f16_head_to_f32(k_bits, g, lo, kv[g, 0])  # float16 -> float32, exact
+            kernels.f16_head_to_f32(v_bits, g, lo, kv[g, 1])
+        jobs = [(g, t0) for g in range(n_kv) for t0 in range(0, n_tokens, self.block)]
+        workers = min(self.workers, len(jobs))
+        args = (q, kv, lo, start, np.float32(scale), window, out)
+        if workers <= 1:
+            self._blocks(jobs, 0, *args)
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="localllm-attention")
+        shares = [jobs[w::workers] for w in range(workers)]
+        futures = [self._pool.submit(self._blocks, shares[w], w, *args) for w in range(1, workers)]
+        self._blocks(shares[0], 0, *args)  # the caller's share, while the pool's threads run theirs
+        for future in futures:
+            future.result()
+
+    def _blocks(self, jobs, worker: int, q, kv, lo: int, start: int, scale, window: int, out) -> None:
+        """The (KV head g, query block from t0) jobs, on this worker's scratch."""
+        n_tokens, n_head, head_dim = q.shape
+        n_kv = kv.shape[0]
+        group = n_head // n_kv
+        block = self.block
+        n_keys = start + n_tokens
+        max_rows = min(block, n_tokens) * group
+        max_cols = min(n_keys - lo, min(block, n_tokens) + (window - 1 if window > 0 else n_keys))
+        scores = self._buffer("scores", worker, max_rows * max_cols)
+        direct = n_kv == 1 and out.flags.c_contiguous  # out[t0:t1] is then the block's [rows, D] output
+        staged = None if direct else self._buffer("out", worker, max_rows * head_dim)
+        for g, t0 in jobs:
             heads = slice(g * group, (g + 1) * group)
-            for t0 in range(0, n_tokens, block):
-                t1 = min(t0 + block, n_tokens)
-                rows = (t1 - t0) * group
-                first_pos = start + t0
-                k0 = max(lo, first_pos - window + 1) if window > 0 else 0  # keys [k0, k1) cover the block
-                k1 = start + t1
-                s = scores[: rows * (k1 - k0)].reshape(rows, k1 - k0)
-                qb = q[t0:t1, heads].reshape(rows, head_dim)  # a view when n_kv == 1
-                np.matmul(qb, kv[0, k0 - lo : k1 - lo].T, out=s)
-                kernels.masked_softmax_rows(s, first_pos, group, k0, scale, window)
-                if direct:
-                    np.matmul(s, kv[1, k0 - lo : k1 - lo], out=out[t0:t1].reshape(rows, head_dim))
-                else:
-                    o = staged[: rows * head_dim].reshape(rows, head_dim)
-                    np.matmul(s, kv[1, k0 - lo : k1 - lo], out=o)
-                    out[t0:t1, heads] = o.reshape(t1 - t0, group, head_dim)
+            t1 = min(t0 + block, n_tokens)
+            rows = (t1 - t0) * group
+            first_pos = start + t0
+            k0 = max(lo, first_pos - window + 1) if window > 0 else 0  # keys [k0, k1) cover the block
+            k1 = start + t1
+            s = scores[: rows * (k1 - k0)].reshape(rows, k1 - k0)
+            qb = q[t0:t1, heads].reshape(rows, head_dim)  # a view when n_kv == 1
+            np.matmul(qb, kv[g, 0, k0 - lo : k1 - lo].T, out=s)
+            kernels.masked_softmax_rows(s, first_pos, group, k0, scale, window)
+            if direct:
+                np.matmul(s, kv[g, 1, k0 - lo : k1 - lo], out=out[t0:t1].reshape(rows, head_dim))
+            else:
+                o = staged[: rows * head_dim].reshape(rows, head_dim)
+                np.matmul(s, kv[g, 1, k0 - lo : k1 - lo], out=o)
+                out[t0:t1, heads] = o.reshape(t1 - t0, group, head_dim)
