@@ -140,3 +140,13 @@ def test_blas_keeps_its_threads_only_for_models_whose_products_use_it(tmp_path, 
     model = localllm.load(write_tiny_model(tmp_path / f"{qtype}.gguf", "llama", qtype), n_ctx=64, threads=2)
     model.logits(list(range(2, 42)))  # a prefill through BLAS attention (40 rows)
     assert _blas_threads() == blas_threads
+
+
+def test_a_one_thread_try_of_a_large_step_is_cut_short_on_a_quiet_machine(clock):
+    governor = DecodeThreads(2)
+    spent = []
+    used = [run_steps(governor, clock, 1, lambda s: 64 * (0.001 if s == 2 else 0.002), rows=64, spent=spent)[0]
+            for _ in range(6)]
+    assert used[:3] == [2, 2, 1]  # the third step tries one thread ...
+    assert DecodeThreads.ABANDON_ONE_AFTER * 0.064 <= spent[2] < 0.128  # ... cut short of a one-thread step
+    assert used[3:] == [2, 2, 2]
