@@ -7,16 +7,12 @@ empty cache folders (LOCALLLM_KERNEL_DIR, NUMBA_CACHE_DIR): the first compiles e
 the next two load them ("warm"). Prints, for cold vs warm and warm vs warm, the first step whose logits
 differ and the largest difference. Exit status 1 when they differ.
 
-Known (2026-11-23), not fixed: on Gemma 3 270M with 1 or 2 threads, cold and warm differ from step 17
-(max 1.15 in a logit); warm runs agree with each other, cold runs with each other. Traced to the decode
-`attention` kernel (backends/cpu/kernels.py, a fast-math `parallel=True` kernel): identical inputs,
-last-bit different outputs in a cold and a warm process from the first decode step. A standalone
-experiment: the same kernel written without prange compiled alike cold and warm; with the per-head work
-in its own function called from the prange loop and indexing the contiguous cache directly, it did
-too; sharing that function with attention_paged (the contiguous cache seen as one block, which makes
-the paged kernel equal the contiguous one by construction, as the server needs) brought the difference
-back. The shared form is what the code has; the cause inside Numba's cached compilation of parallel
-kernels is not found.
+History (2026-11-23): on Gemma 3 270M cold and warm runs differed (from step 3 at 2 threads, max 2.54
+in a logit); a per-op check traced it to the decode attention kernel alone, then compiled with
+fast-math (LLVM free to reassociate sums and fuse multiply-adds, and choosing differently in a process
+that compiled the kernel than in the cached code). The kernel now computes in a fixed order without
+fast-math (backends/cpu/kernels.py, quant/jit.dot_f32_f16_lanes), and cold and warm are identical
+(1 thread, 60 steps; 2 threads, 40 steps).
 """
 
 from __future__ import annotations

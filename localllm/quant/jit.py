@@ -23,6 +23,7 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 numba.config.SLP_VECTORIZE = 1
@@ -108,6 +109,54 @@ def f16_to_f32(typingctx, bits):
         (value,) = args
         as_i16 = builder.trunc(value, ir.IntType(16)) if value.type.width > 16 else builder.zext(value, ir.IntType(16)) if value.type.width < 16 else value
         return builder.fpext(builder.bitcast(as_i16, ir.HalfType()), ir.FloatType())
+
+    return sig, codegen
+
+
+DOT_LANES = 16
+
+
+@intrinsic
+def dot_f32_f16_lanes(typingctx, a, bits, n_full):
+    """sum(a[i] * float(bits[i]) for i < n_full), a float32[:] C-contiguous, bits the float16 bits
+    uint16[:] C-contiguous, n_full a multiple of DOT_LANES, in a fixed order: DOT_LANES running sums
+    (lane l takes the elements i % DOT_LANES == l, a product then a sum, no fused multiply-add), then
+    added up by halves (lanes l and l + 8, then l and l + 4, ...). Written as LLVM vector IR so that it is
+    packed (vcvtph2ps, vmulps, vaddps) without fast-math: the order is the IR's, not the optimiser's
+    choice, so every compilation gives the same bits."""
+    ok = (
+        isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
+        and isinstance(bits, types.Array) and bits.ndim == 1 and bits.layout == "C" and bits.dtype == types.uint16
+        and isinstance(n_full, types.Integer)
+    )
+    if not ok:
+        return None
+    sig = types.float32(a, bits, n_full)
+
+    def codegen(context, builder, signature, args):
+        a_val, bits_val, n_val = args
+        a_data = context.make_array(signature.args[0])(context, builder, a_val).data
+        bits_data = context.make_array(signature.args[1])(context, builder, bits_val).data
+        floats = ir.VectorType(ir.FloatType(), DOT_LANES)
+        halves = ir.VectorType(ir.HalfType(), DOT_LANES)
+        shorts = ir.VectorType(ir.IntType(16), DOT_LANES)
+        sums = cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * DOT_LANES))
+        n = builder.sext(n_val, ir.IntType(64)) if n_val.type.width < 64 else n_val
+        with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, DOT_LANES))) as loop:
+            offset = builder.mul(loop.index, ir.Constant(loop.index.type, DOT_LANES))
+            x = builder.load(builder.bitcast(builder.gep(a_data, [offset]), floats.as_pointer()), align=4)
+            y16 = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
+            y = builder.fpext(builder.bitcast(y16, halves), floats)
+            builder.store(builder.fadd(builder.load(sums), builder.fmul(x, y)), sums)
+        total = builder.load(sums)
+        width = DOT_LANES
+        while width > 1:
+            width //= 2
+            index = ir.VectorType(ir.IntType(32), width)
+            low = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width))))
+            high = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width, 2 * width))))
+            total = builder.fadd(low, high)
+        return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
 
     return sig, codegen
 

@@ -9,7 +9,7 @@ import numpy as np
 from numba import prange
 
 from ...quant.activation import quantize_q8_0, quantize_q8_k
-from ...quant.jit import exact_kernel, f16_to_f32, f32_to_f16_bits, fast_kernel, u32_as_f32
+from ...quant.jit import DOT_LANES, dot_f32_f16_lanes, exact_kernel, f16_to_f32, f32_to_f16_bits, fast_kernel, u32_as_f32
 
 SQRT_2_OVER_PI = 0.7978845608028654
 
@@ -103,29 +103,38 @@ def store_f16_rows(src, dst, slots):
                 dst[slot, h, i] = f32_to_f16_bits(src[t, h, i])
 
 
-@fast_kernel
+# The decode attention kernels compute in a fixed order, without fast-math: with it, LLVM chose how to
+# reassociate the dot products' sums and whether to fuse multiply-adds per compilation, and a process
+# that compiled these kernels got last-bit different results from one that loaded them from Numba's
+# cache (scripts/check_cold_warm.py: greedy decodes parting from step 3). The q.k products go through
+# an intrinsic written as vector IR (dot_f32_f16_lanes): its order is fixed by the IR and it still runs
+# packed, 6x faster than plain Numba loops without fast-math (a 256-wide head over 640 keys: 33 -> 5 us).
+# fastmath=False is stated: an unstated option is inherited from a fast-math caller.
+_ordered = numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+
+
+@_ordered
 def _dot_f16(a, bits):
-    """a float32[D] . b, b given as float16 bits uint16[D]."""
-    total = np.float32(0.0)
-    for i in range(a.shape[0]):
+    """a float32[D] . b, b given as float16 bits uint16[D]: DOT_LANES-wide sums, then the tail in order."""
+    n = a.shape[0]
+    full = n - n % DOT_LANES
+    total = dot_f32_f16_lanes(a, bits, full)
+    for i in range(full, n):
         total += a[i] * f16_to_f32(bits[i])
     return total
 
 
-@fast_kernel
+@_ordered
 def _axpy_f16(alpha, bits, y):
-    """y float32[D] += alpha * x, x given as float16 bits uint16[D]."""
+    """y float32[D] += alpha * x, x given as float16 bits uint16[D] (a product, then a sum: no fusing)."""
     for i in range(y.shape[0]):
         y[i] += alpha * f16_to_f32(bits[i])
 
 
 # The work of one (query row, head) is one function that both decode kernels call, the contiguous cache
-# seen as a single block of a paged one: written out twice (as it was) they were two compilations of the
-# same arithmetic and came out different in the last bit in some processes, which broke the server's
-# guarantee that a batched sequence gets the logits it gets alone (tests/test_paged.py compares them).
-# Still open: in the process that compiles these kernels their results differ in the last bit from those
-# of a process that loads them from Numba's cache (scripts/check_cold_warm.py).
-@fast_kernel
+# seen as a single block of a paged one, so the paged kernel equals the contiguous one by construction
+# (the server's guarantee that a batched sequence gets the logits it gets alone; tests/test_paged.py).
+@_ordered
 def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, row, dst):
     """dst = softmax(scale * K[first..pos] . qv) @ V[first..pos] for one head, position j of the cache
     in block table[j // BS], slot j % BS (cache float16 bits [NB, BS, Hkv, D]); row: scores scratch."""
@@ -155,7 +164,7 @@ def _first_key(pos, window):
     return 0
 
 
-@fast_kernel(parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def attention(q, cache_k, cache_v, start, scale, window, out, scores):
     """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D];
     scores float32[T*Hq, n_keys] scratch with n_keys >= start+T."""
@@ -171,7 +180,7 @@ def attention(q, cache_k, cache_v, start, scale, window, out, scores):
         _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, _first_key(pos, window), pos, scale, scores[job], out[t, h])
 
 
-@fast_kernel(parallel=True)
+@numba.njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, window, out, scores):
     """The `attention` kernel over a paged cache, for the rows listed in `rows` only.
 
