@@ -228,3 +228,18 @@ def test_a_full_queue_answers_503(model):
         assert response.status_code == 503 and response.json()["error"]["type"] == "server_error"
     finally:
         loop.close()
+
+
+def test_warm_up_leaves_the_cache_as_it_found_it(model):
+    """serve prepares the batched path's kernels with a scratch step (Engine.warm_up): no block stays
+    taken, reserved or in the prefix cache, and a request after it gets what it gets alone."""
+    srv = BackgroundServer(model, ServeOptions(port=0, parallel=2, cache_mb=8))
+    pool = srv.engine.pool
+    free_before = pool.available
+    srv.engine.warm_up()
+    assert (pool.available, pool.n_cached, pool.n_used) == (free_before, 0, 0)
+    with srv:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0)
+        _, text, _ = alone(model, model.tokenize("Name a fruit."), 8, temperature=0)
+        answer = client.completions.create(model=srv.model_id, prompt="Name a fruit.", max_tokens=8, temperature=0)
+        assert answer.choices[0].text == text

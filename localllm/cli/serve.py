@@ -41,4 +41,7 @@ def serve(
             f"KV cache {engine.pool.n_blocks} blocks of {engine.block_size} tokens)"
         )
 
-    run_server(model, options, on_ready=ready)
+    def warming_up():
+        return ui.err_console.status("preparing the kernels (compiled once per machine: the first run takes a while)")
+
+    run_server(model, options, on_ready=ready, warming_up=warming_up)

@@ -147,6 +147,31 @@ class Engine:
         with self._wake:
             self._wake.notify()
 
+    def warm_up(self, prompt_rows: int = 32) -> None:
+        """Run one step shaped like the server's busiest (a decode row beside a prompt chunk) on scratch
+        blocks that are never published, so the kernels of the batched path are compiled (the first
+        run on a machine) or loaded from Numba's cache before the first request waits for them. Call
+        before start(): the step loop must not run beside it."""
+        bs = self.block_size
+        rows = min(prompt_rows, self.seq_ctx - 1)
+        need = 1 + -(-rows // bs)
+        if rows < 1 or self.pool.available < need:
+            return
+        decode_row, chunk = SequenceBlocks(), SequenceBlocks()
+        self.pool.reserve(need)
+        decode_row.reserved, chunk.reserved = 1, need - 1
+        n_vocab = self.decoder.hp.n_vocab
+        tokens = [i % n_vocab for i in range(rows)]
+        entries = [(decode_row, tokens[:1], 0), (chunk, tokens, 0)]
+        try:
+            for blocks, ids, start in entries:
+                blocks.ensure(self.pool, start + len(ids))
+            layout = self.layouts.build(entries, n_rowwise=1)
+            self.decoder.forward_batch(self.cache, layout, np.array([0, rows], dtype=np.int32))
+        finally:
+            decode_row.free(self.pool)
+            chunk.free(self.pool)
+
     # -- requests ---------------------------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> None:
         """Raise what the request gets wrong before it queues (ContextOverflow, SamplingError)."""

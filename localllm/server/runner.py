@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -50,9 +51,10 @@ def _uvicorn_config(app, options: ServeOptions):
                           timeout_graceful_shutdown=5)
 
 
-def serve(model_name: Optional[str], options: ServeOptions, on_ready=None) -> None:
-    """Load the model and serve until interrupted. on_ready(model, engine, model_id) runs before
-    the socket opens (the CLI prints its banner there)."""
+def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warming_up=None) -> None:
+    """Load the model and serve until interrupted. The engine's kernels are prepared first
+    (Engine.warm_up), inside the context manager warming_up() returns when given (the CLI's spinner);
+    then on_ready(model, engine, model_id) runs, just before the socket opens (the CLI's banner)."""
     import uvicorn
 
     import localllm
@@ -61,6 +63,8 @@ def serve(model_name: Optional[str], options: ServeOptions, on_ready=None) -> No
     model.session = None  # the server's sequences live in the paged cache; free the default session's
     model_id = model_name if model_name and not Path(model_name).exists() else None
     app, engine = build_app(model, options, model_id)
+    with warming_up() if warming_up is not None else contextlib.nullcontext():
+        engine.warm_up()
     if on_ready is not None:
         on_ready(model, engine, model_id_of(model, model_id))
     engine.start()
