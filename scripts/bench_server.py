@@ -142,9 +142,7 @@ def main() -> int:
 
     model = localllm.load(args.model, n_ctx=2048, threads=args.threads)
     options = ServeOptions(host="127.0.0.1", port=0, parallel=8, cache_mb=args.cache_mb, max_queue=64)
-    server = BackgroundServer(model, options)
-    server.engine.warm_up()  # as `localllm serve` does before it listens: kernels compiled/loaded now
-    with server:
+    with BackgroundServer(model, options) as server:  # the engine warms up as `localllm serve`'s does
         ask(client_for(server), server.model_id, "warm up", 4)
         one = throughput(server, 1, args.tokens, args.rounds)
         eight = throughput(server, 8, args.tokens, args.rounds)

@@ -230,13 +230,22 @@ def test_a_full_queue_answers_503(model):
         loop.close()
 
 
-def test_warm_up_leaves_the_cache_as_it_found_it(model):
-    """serve prepares the batched path's kernels with a scratch step (Engine.warm_up): no block stays
-    taken, reserved or in the prefix cache, and a request after it gets what it gets alone."""
+def test_warm_up_leaves_the_cache_as_it_found_it(model, monkeypatch):
+    """serve prepares the batched path's kernels with a scratch step on the engine's thread
+    (Engine.warm_up): no block stays taken, reserved or in the prefix cache, and a request after it gets
+    what it gets alone."""
     srv = BackgroundServer(model, ServeOptions(port=0, parallel=2, cache_mb=8))
     pool = srv.engine.pool
     free_before = pool.available
-    srv.engine.warm_up()
+    steps = []
+    forward_batch = model.decoder.forward_batch
+    with monkeypatch.context() as patch:
+        patch.setattr(model.decoder, "forward_batch",
+                      lambda cache, layout, rows: steps.append(len(layout.tokens)) or forward_batch(cache, layout, rows))
+        srv.engine.start(warm_up=True)
+        assert srv.engine.ready.wait(60) and srv.engine.warm_up_error is None
+        srv.engine.stop()
+    assert steps == [33]  # one step: a decode row beside a 32-token chunk
     assert (pool.available, pool.n_cached, pool.n_used) == (free_before, 0, 0)
     with srv:
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0)

@@ -129,11 +129,17 @@ class Engine:
         self._stopping = False
         self._eog = set(self.tokenizer.eog_ids)
         self.stats = EngineStats()
+        self.ready = threading.Event()  # set once a started engine has warmed up (start(warm_up=True))
+        self.warm_up_error: Optional[Exception] = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, warm_up: bool = False) -> None:
+        """Start the step loop on its own thread; with warm_up, that thread first runs warm_up() (see
+        there) and `ready` is set when it is done (at once otherwise). Requests submitted meanwhile wait
+        in the queue."""
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
+        self.ready.clear()
+        self._thread = threading.Thread(target=self._run, args=(warm_up,), name="localllm-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -150,8 +156,12 @@ class Engine:
     def warm_up(self, prompt_rows: int = 32) -> None:
         """Run one step shaped like the server's busiest (a decode row beside a prompt chunk) on scratch
         blocks that are never published, so the kernels of the batched path are compiled (the first
-        run on a machine) or loaded from Numba's cache before the first request waits for them. Call
-        before start(): the step loop must not run beside it."""
+        run on a machine) or loaded from Numba's cache before the first request waits for them.
+
+        Run it on the engine's thread (start(warm_up=True)), not beside the step loop, and not from
+        another thread: the first parallel kernel a thread launches gives that thread its own team of
+        OpenMP workers, and a warm-up from the main thread left a second team beside the engine's
+        (measured, Gemma 3 270M through bench_server.py, 1 client: 58-64 tok/s against 74-79)."""
         bs = self.block_size
         rows = min(prompt_rows, self.seq_ctx - 1)
         need = 1 + -(-rows // bs)
@@ -204,7 +214,14 @@ class Engine:
         return len(self._active)
 
     # -- the step loop -----------------------------------------------------------------------------------------
-    def _run(self) -> None:
+    def _run(self, warm_up: bool = False) -> None:
+        try:
+            if warm_up:
+                self.warm_up()
+        except Exception as exc:  # the first request would meet it again, with its own error event
+            self.warm_up_error = exc
+        finally:
+            self.ready.set()
         while not self._stopping:
             with self._wake:
                 self._drop_cancelled()

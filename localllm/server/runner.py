@@ -28,6 +28,7 @@ class ServeOptions:
     max_queue: int = 64
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     threads: Optional[int] = None
+    warm_up: bool = True  # prepare the kernels on the engine's thread before listening (Engine.warm_up)
 
 
 def model_id_of(model, name: Optional[str]) -> str:
@@ -52,9 +53,10 @@ def _uvicorn_config(app, options: ServeOptions):
 
 
 def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warming_up=None) -> None:
-    """Load the model and serve until interrupted. The engine's kernels are prepared first
-    (Engine.warm_up), inside the context manager warming_up() returns when given (the CLI's spinner);
-    then on_ready(model, engine, model_id) runs, just before the socket opens (the CLI's banner)."""
+    """Load the model and serve until interrupted. The engine starts and prepares its kernels first
+    (options.warm_up: Engine.warm_up on its thread), inside the context manager warming_up() returns
+    when given (the CLI's spinner); then on_ready(model, engine, model_id) runs, just before the socket
+    opens (the CLI's banner)."""
     import uvicorn
 
     import localllm
@@ -63,11 +65,14 @@ def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warmi
     model.session = None  # the server's sequences live in the paged cache; free the default session's
     model_id = model_name if model_name and not Path(model_name).exists() else None
     app, engine = build_app(model, options, model_id)
+    engine.start(warm_up=options.warm_up)
     with warming_up() if warming_up is not None else contextlib.nullcontext():
-        engine.warm_up()
+        engine.ready.wait()
+    if engine.warm_up_error is not None:
+        engine.stop()
+        raise LocalLLMError(f"preparing the kernels failed: {engine.warm_up_error}")
     if on_ready is not None:
         on_ready(model, engine, model_id_of(model, model_id))
-    engine.start()
     try:
         uvicorn.Server(_uvicorn_config(app, options)).run()
     finally:
@@ -97,7 +102,8 @@ class BackgroundServer:
         return f"http://{self.options.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> "BackgroundServer":
-        self.engine.start()
+        self.engine.start(warm_up=self.options.warm_up)
+        self.engine.ready.wait()
         self._thread = threading.Thread(target=self._server.run, name="localllm-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
