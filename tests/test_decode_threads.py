@@ -148,5 +148,28 @@ def test_a_one_thread_try_of_a_large_step_is_cut_short_on_a_quiet_machine(clock)
     used = [run_steps(governor, clock, 1, lambda s: 64 * (0.001 if s == 2 else 0.002), rows=64, spent=spent)[0]
             for _ in range(6)]
     assert used[:3] == [2, 2, 1]  # the third step tries one thread ...
-    assert DecodeThreads.ABANDON_ONE_AFTER * 0.064 <= spent[2] < 0.128  # ... cut short of a one-thread step
+    # ... which is behind the last all-thread step at its second op (the first where that step had done
+    # MIN_PROGRESS): one op on one thread, nine on two, instead of 0.128 on one thread
+    assert spent[2] == pytest.approx(0.0128 + 9 * 0.0064)
+    assert governor._sizes[64].average[1] == pytest.approx(0.002)  # its projected time per row, recorded
     assert used[3:] == [2, 2, 2]
+
+
+def test_a_try_within_the_margin_runs_to_its_end(clock):
+    governor = DecodeThreads(2)
+    spent = []
+    used = [run_steps(governor, clock, 1, lambda s: 64 * (0.001 if s == 2 else 0.00115), rows=64, spent=spent)[0]
+            for _ in range(4)]
+    assert used[:3] == [2, 2, 1]
+    assert spent[2] == pytest.approx(64 * 0.00115)  # 15% slower: under TRY_MARGIN, measured whole
+    assert governor._sizes[64].average[1] == pytest.approx(0.00115)
+
+
+def test_a_try_is_compared_per_row_with_a_step_of_another_size(clock):
+    governor = DecodeThreads(2)
+    sizes = [40, 64, 33, 50]  # one size class; the try (third step, 33 rows) meets the 64-row reference
+    spent = []
+    for r in sizes:
+        run_steps(governor, clock, 1, lambda s, r=r: r * (0.001 if s == 2 else 0.002), rows=r, spent=spent)
+    assert spent[2] == pytest.approx(33 * (0.0002 + 9 * 0.0001))  # cut after its first op, as at equal sizes
+    assert governor._sizes[64].average[1] == pytest.approx(0.002)

@@ -17,7 +17,7 @@ Two settings work together:
    makes ~65. So the backend measures: it runs decode steps with all its threads, now and then tries
    the other setting, keeps a moving average of the step time of each, and uses whichever is
    faster; each try that confirms the choice doubles the wait before the next (up to EXPLORE_MAX steps),
-   and a try of all threads that runs long is cut short. On a quiet machine that is all threads from
+   and a try that falls behind the setting in use (op by op) is cut short. On a quiet machine that is all threads from
    the third step on; under load, one thread, and the idle worker stops spinning.
 
 The results do not depend on the thread count (every kernel computes each output the same way on any
@@ -46,9 +46,10 @@ class DecodeThreads:
     """Chooses the thread count of each decode step: `threads` or 1, whichever measured faster.
 
     begin(rows) returns the count for a step of `rows` activation rows about to run; end() records its
-    duration; the backend asks now() before each op, because a try of all threads is cut short (the rest
-    of the step on one thread) once it has taken ABANDON_AFTER times a one-thread step: on a loaded
-    machine one such step took 0.2-0.6 s instead of 0.01, measured. Step times are compared per number
+    duration; the backend asks now() before each op, because a try is cut short (the rest of the step
+    on the setting in use) once it falls behind (TRY_MARGIN) or has taken ABANDON_AFTER times a step
+    of the setting in use: on a loaded machine one all-thread step took 0.2-0.6 s instead of 0.01,
+    measured. Step times are compared per number
     of rows (the server's steps vary in size) through exponential moving averages: a step's time grows
     slowly with the context, and both averages are refreshed at every try, so they stay comparable.
     Decode-sized steps start on one thread, larger ones on all (_start); the first try of the other
@@ -67,6 +68,14 @@ class DecodeThreads:
     # when it has run this many all-thread steps: on a quiet machine such a try is a whole prompt at
     # half speed (a Llama-3-8B-shaped pp512 rep: 18 against 34 tok/s).
     ABANDON_ONE_AFTER = 1.25
+    # Any try also ends as soon as it is clearly losing: at each op it is compared with the last step
+    # of its size class on the setting in use (the time at which that step reached the same op, per
+    # row). Once the reference had done MIN_PROGRESS of its step, a try more than TRY_MARGIN behind it
+    # ends, and its projected duration (elapsed / fraction done) is recorded. On a quiet machine a
+    # one-thread try of a big prompt then costs a few percent of a step instead of a quarter or more
+    # (the 8B-shaped pp512 rep with the try: 20.8 tok/s against 31-33).
+    MIN_PROGRESS = 0.05
+    TRY_MARGIN = 1.2
 
     def __init__(self, threads: int):
         self.threads = threads
@@ -75,6 +84,8 @@ class DecodeThreads:
         self._running = None  # (stats, setting, start time, rows) of the step in progress
         self._deadline = None  # when the try in progress is abandoned ...
         self._fallback = None  # ... for this setting
+        self._marks: list[float] = []  # seconds from the step's start to each now() call
+        self._reference = None  # (marks, duration) of the step a try is compared with, scaled to its rows
 
     def best(self, rows: int = 1) -> int:
         stats = self._sizes.get(self.size_class(rows))
@@ -96,12 +107,16 @@ class DecodeThreads:
         self.current = stats.next_setting(self.threads, self.EXPLORE_EVERY, self.EXPLORE_MAX)
         started = time.perf_counter()
         self._running = (stats, self.current, started, rows)
+        self._marks = []
         one, many = stats.average.get(1), stats.average.get(self.threads)
-        self._deadline = self._fallback = None
+        self._deadline = self._fallback = self._reference = None
+        if stats.trying is not None:
+            self._fallback = 1 if stats.trying == self.threads else self.threads
+            self._reference = stats.reference(self._fallback, rows)
         if stats.trying == self.threads and one is not None:
-            self._deadline, self._fallback = started + self.ABANDON_AFTER * one * rows, 1
+            self._deadline = started + self.ABANDON_AFTER * one * rows
         elif stats.trying == 1 and many is not None and rows > self.EXACT_MAX_ROWS:
-            self._deadline, self._fallback = started + self.ABANDON_ONE_AFTER * many * rows, self.threads
+            self._deadline = started + self.ABANDON_ONE_AFTER * many * rows
         return self.current
 
     @classmethod
@@ -112,20 +127,40 @@ class DecodeThreads:
 
     def now(self) -> int:
         """The thread count for the next op of the step in progress."""
-        if self._deadline is not None and time.perf_counter() > self._deadline:
-            stats, setting, started, rows = self._running
-            stats.record(setting, (time.perf_counter() - started) / rows, self.SMOOTHING)  # a lower bound: enough
-            self._running = self._deadline = None
-            self.current = self._fallback
+        if self._running is None:
+            return self.current
+        stats, setting, started, rows = self._running
+        clock = time.perf_counter()
+        elapsed = clock - started
+        if self._reference is not None:
+            marks, duration = self._reference
+            op = len(self._marks)
+            if op < len(marks) and marks[op] >= self.MIN_PROGRESS * duration and elapsed > self.TRY_MARGIN * marks[op]:
+                self._abandon(elapsed * duration / marks[op] / rows)  # the try's projected duration
+                return self.current
+        if self._deadline is not None and clock > self._deadline:
+            self._abandon(elapsed / rows)  # a lower bound, and above the setting in use's: enough
+            return self.current
+        self._marks.append(elapsed)
         return self.current
 
+    def _abandon(self, seconds_per_row: float) -> None:
+        """End the try in progress: record it, and run the rest of the step on the setting in use."""
+        stats, setting, _, _ = self._running
+        stats.record(setting, seconds_per_row, self.SMOOTHING)
+        self._running = self._deadline = self._reference = None
+        self.current = self._fallback
+
     def end(self) -> None:
-        self._deadline = None
+        self._deadline = self._reference = None
         if self._running is None:
             return
         stats, setting, started, rows = self._running
         self._running = None
-        stats.record(setting, (time.perf_counter() - started) / rows, self.SMOOTHING)
+        duration = time.perf_counter() - started
+        if stats.steps > 1:  # a size's first step carries one-time costs: no reference
+            stats.profiles[setting] = (rows, self._marks, duration)
+        stats.record(setting, duration / rows, self.SMOOTHING)
 
 
 class _StepStats:
@@ -139,6 +174,16 @@ class _StepStats:
         self.interval = interval
         self.tried_best = None  # the best setting when the last try was made
         self.trying = None  # the setting of the step in progress, when it is a try
+        self.profiles: dict[int, tuple] = {}  # setting -> (rows, marks, duration) of its last whole step
+
+    def reference(self, setting: int, rows: int):
+        """The last whole step on `setting`, its times scaled to `rows` rows: (marks, duration), or None."""
+        profile = self.profiles.get(setting)
+        if profile is None:
+            return None
+        ref_rows, marks, duration = profile
+        scale = rows / ref_rows
+        return [m * scale for m in marks], duration * scale
 
     def best(self, threads: int) -> int:
         many, one = self.average.get(threads), self.average.get(1)
