@@ -210,36 +210,66 @@ def gelu_table() -> np.ndarray:
 
 
 @fast_kernel
+def _gelu(g, table):
+    """GELU (tanh form) of g as ggml's CPU backend computes it: its float16 table inside (-10, 10)."""
+    if g <= np.float32(-10.0):
+        return np.float32(0.0)
+    if g >= np.float32(10.0):
+        return g
+    return table[np.int64(f32_to_f16_bits(g))]
+
+
+@fast_kernel
+def _silu(g):
+    """SiLU(g) = g * sigmoid(g), sigmoid from e = exp(-|g|) (never overflows) by the vectorised
+    _exp_nonpositive: 1 / (1 + e) for g >= 0, e / (1 + e) below. np.exp here was a scalar libm call per
+    element: 90 us per 14,336-wide row (a Llama-3-8B FFN), 3% of its decode step."""
+    e = _exp_nonpositive(-abs(g))
+    return g * ((np.float32(1.0) if g >= np.float32(0.0) else e) / (np.float32(1.0) + e))
+
+
+# Each activation has an out-of-place and an in-place row function. The decoder writes the result over
+# the gate (out is gate); through the out-of-place loop, LLVM's runtime overlap check then failed and
+# it ran its scalar fallback: a Llama-3-8B-shaped prefill's 512 x 14,336 SiLU took 15 ms per layer
+# instead of 1.6 (30 ms in the pass, 6% of it). With one array read and written at the same index, the
+# only check left (against `up`) passes and the loop runs packed.
+@fast_kernel
 def _geglu_row(gate, up, out, table):
     for i in range(gate.shape[0]):
-        g = gate[i]
-        if g <= np.float32(-10.0):
-            a = np.float32(0.0)
-        elif g >= np.float32(10.0):
-            a = g
-        else:
-            a = table[np.int64(f32_to_f16_bits(g))]
-        out[i] = a * up[i]
+        out[i] = _gelu(gate[i], table) * up[i]
+
+
+@fast_kernel
+def _geglu_row_in_place(x, up, table):
+    for i in range(x.shape[0]):
+        x[i] = _gelu(x[i], table) * up[i]
 
 
 @fast_kernel
 def _swiglu_row(gate, up, out):
-    """SiLU(g) * up = g * sigmoid(g) * up, sigmoid from e = exp(-|g|) (never overflows) by the
-    vectorised _exp_nonpositive: 1 / (1 + e) for g >= 0, e / (1 + e) below. np.exp here was a scalar
-    libm call per element: 90 us per 14,336-wide row (a Llama-3-8B FFN), 3% of its decode step."""
     for i in range(gate.shape[0]):
-        g = gate[i]
-        e = _exp_nonpositive(-abs(g))
-        sigmoid = (np.float32(1.0) if g >= np.float32(0.0) else e) / (np.float32(1.0) + e)
-        out[i] = g * sigmoid * up[i]
+        out[i] = _silu(gate[i]) * up[i]
+
+
+@fast_kernel
+def _swiglu_row_in_place(x, up):
+    for i in range(x.shape[0]):
+        x[i] = _silu(x[i]) * up[i]
 
 
 @fast_kernel(parallel=True)
 def gated_act(gate, up, out, gelu, table):
-    """out[T, F] = act(gate) * up; gelu: GELU (tanh approximation) via `table` (gelu_table()), else SiLU."""
+    """out[T, F] = act(gate) * up; gelu: GELU (tanh approximation) via `table` (gelu_table()), else SiLU.
+    out may be gate itself (in place); no other overlap."""
+    in_place = out.ctypes.data == gate.ctypes.data
     for t in prange(gate.shape[0]):
         if gelu:
-            _geglu_row(gate[t], up[t], out[t], table)
+            if in_place:
+                _geglu_row_in_place(out[t], up[t], table)
+            else:
+                _geglu_row(gate[t], up[t], out[t], table)
+        elif in_place:
+            _swiglu_row_in_place(out[t], up[t])
         else:
             _swiglu_row(gate[t], up[t], out[t])
 
