@@ -68,12 +68,14 @@ class DecodeThreads:
     # when it has run this many all-thread steps: on a quiet machine such a try is a whole prompt at
     # half speed (a Llama-3-8B-shaped pp512 rep: 18 against 34 tok/s).
     ABANDON_ONE_AFTER = 1.25
-    # Any try also ends as soon as it is clearly losing: at each op it is compared with the last step
-    # of its size class on the setting in use (the time at which that step reached the same op, per
-    # row). Once the reference had done MIN_PROGRESS of its step, a try more than TRY_MARGIN behind it
-    # ends, and its projected duration (elapsed / fraction done) is recorded. On a quiet machine a
-    # one-thread try of a big prompt then costs a few percent of a step instead of a quarter or more
-    # (the 8B-shaped pp512 rep with the try: 20.8 tok/s against 31-33).
+    # A try of a step over EXACT_MAX_ROWS rows also ends as soon as it is clearly losing: at each op it
+    # is compared with the last step of its size class on the setting in use (the time at which that
+    # step reached the same op, per row). Once the reference had done MIN_PROGRESS of its step, a try
+    # more than TRY_MARGIN behind it ends, and its projected duration (elapsed / fraction done) is
+    # recorded. On a quiet machine a one-thread try of a big prompt then costs a few percent of a step
+    # instead of a quarter or more (the 8B-shaped pp512 rep with the try: 20.8 tok/s against 31-33).
+    # Not for decode-sized steps: their ops last microseconds and the first ops of an all-thread try
+    # include waking the worker, a poor sample to judge on; the deadline above serves them as before.
     MIN_PROGRESS = 0.05
     TRY_MARGIN = 1.2
 
@@ -112,7 +114,8 @@ class DecodeThreads:
         self._deadline = self._fallback = self._reference = None
         if stats.trying is not None:
             self._fallback = 1 if stats.trying == self.threads else self.threads
-            self._reference = stats.reference(self._fallback, rows)
+            if rows > self.EXACT_MAX_ROWS:
+                self._reference = stats.reference(self._fallback, rows)
         if stats.trying == self.threads and one is not None:
             self._deadline = started + self.ABANDON_AFTER * one * rows
         elif stats.trying == 1 and many is not None and rows > self.EXACT_MAX_ROWS:
