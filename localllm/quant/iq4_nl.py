@@ -22,7 +22,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from . import QuantType
-from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, read_f16
+from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, fma_f32, read_f16
 from .q8_k import as_blocks, as_float_blocks, f16_field
 from .vector import VectorCode
 
@@ -83,7 +83,7 @@ def vec_dot(w, aqs, ad, asum):
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         total = block_dot(w, b * BLOCK_BYTES + 2, aqs, b * BLOCK)
-        acc += np.float32(total) * (read_f16(w, b * BLOCK_BYTES) * ad[b])
+        acc = fma_f32(np.float32(total), read_f16(w, b * BLOCK_BYTES) * ad[b], acc)  # in block order, everywhere
     return acc
 
 

@@ -27,7 +27,7 @@ from numba.extending import intrinsic
 
 from . import QuantType
 from .iq4_nl import KVALUES, fit_scale, lookup_nibbles, pack_levels
-from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, read_f16
+from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, fma_f32, read_f16
 from .q8_k import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
 from .vector import VectorCode
 
@@ -120,7 +120,7 @@ def vec_dot(w, aqs, ad, asum):
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
-        acc += ad[b] * read_f16(w, base + _D) * np.float32(block_sum(w, base, aqs, b * BLOCK))
+        acc = fma_f32(ad[b] * read_f16(w, base + _D), np.float32(block_sum(w, base, aqs, b * BLOCK)), acc)  # block order
     return acc
 
 

@@ -162,6 +162,23 @@ def dot_f32_f16_lanes(typingctx, a, bits, n_full):
 
 
 @intrinsic
+def fma_f32(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma.f32), float32. A call LLVM's fast-math rules cannot reassociate:
+    a loop `acc = fma_f32(x, y, acc)` sums in its written order in every kernel it is inlined into
+    (a fast-math `acc += x * y` was reordered differently in different drivers, measured on IQ4_NL)."""
+    if not all(t == types.float32 for t in (a, b, c)):
+        return None
+    sig = types.float32(a, b, c)
+
+    def codegen(context, builder, signature, args):
+        f32 = ir.FloatType()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
+        return builder.call(fma, args)
+
+    return sig, codegen
+
+
+@intrinsic
 def u32_as_f32(typingctx, bits):
     """Reinterpret the 32 bits of an unsigned integer as a float32 (no conversion)."""
     sig = types.float32(bits)
