@@ -13,6 +13,7 @@ import openai
 import pytest
 
 import localllm
+from localllm.errors import LocalLLMError
 from localllm.server import BackgroundServer, ServeOptions
 from localllm.server.engine import GenerationRequest, QueueFull
 from localllm.sampling import SamplingConfig
@@ -252,3 +253,14 @@ def test_warm_up_leaves_the_cache_as_it_found_it(model, monkeypatch):
         _, text, _ = alone(model, model.tokenize("Name a fruit."), 8, temperature=0)
         answer = client.completions.create(model=srv.model_id, prompt="Name a fruit.", max_tokens=8, temperature=0)
         assert answer.choices[0].text == text
+
+
+def test_a_failed_warm_up_fails_the_start_with_a_clear_error(model, monkeypatch):
+    def broken(cache, layout, rows):
+        raise RuntimeError("no kernels here")
+
+    monkeypatch.setattr(model.decoder, "forward_batch", broken)
+    srv = BackgroundServer(model, ServeOptions(port=0, parallel=1, cache_mb=8))
+    with pytest.raises(LocalLLMError, match="preparing the kernels failed: no kernels here"):
+        srv.start()
+    assert srv.engine._thread is None  # the engine was stopped

@@ -218,7 +218,7 @@ class Engine:
         try:
             if warm_up:
                 self.warm_up()
-        except Exception as exc:  # the first request would meet it again, with its own error event
+        except Exception as exc:  # kept for whoever waits on `ready` (serve() reports it and stops)
             self.warm_up_error = exc
         finally:
             self.ready.set()

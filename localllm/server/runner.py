@@ -66,18 +66,22 @@ def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warmi
     model_id = model_name if model_name and not Path(model_name).exists() else None
     app, engine = build_app(model, options, model_id)
     engine.start(warm_up=options.warm_up)
-    with warming_up() if warming_up is not None else contextlib.nullcontext():
-        engine.ready.wait()
-    if engine.warm_up_error is not None:
-        engine.stop()
-        raise LocalLLMError(f"preparing the kernels failed: {engine.warm_up_error}")
-    if on_ready is not None:
-        on_ready(model, engine, model_id_of(model, model_id))
     try:
+        with warming_up() if warming_up is not None else contextlib.nullcontext():
+            _wait_ready(engine)
+        if on_ready is not None:
+            on_ready(model, engine, model_id_of(model, model_id))
         uvicorn.Server(_uvicorn_config(app, options)).run()
     finally:
         engine.stop()
         model.close()
+
+
+def _wait_ready(engine: Engine) -> None:
+    """Wait for a started engine's warm-up; a warm-up that failed is the server's start failing."""
+    engine.ready.wait()
+    if engine.warm_up_error is not None:
+        raise LocalLLMError(f"preparing the kernels failed: {engine.warm_up_error}")
 
 
 class BackgroundServer:
@@ -103,7 +107,11 @@ class BackgroundServer:
 
     def start(self, timeout: float = 30.0) -> "BackgroundServer":
         self.engine.start(warm_up=self.options.warm_up)
-        self.engine.ready.wait()
+        try:
+            _wait_ready(self.engine)
+        except LocalLLMError:
+            self.engine.stop()
+            raise
         self._thread = threading.Thread(target=self._server.run, name="localllm-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
