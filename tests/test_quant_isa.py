@@ -96,10 +96,7 @@ def test_auto_uses_the_instructions_the_host_has():
 
 # Every type, IQ4_NL and IQ4_XS included since their vec_dot sums its blocks through fma_f32 (a fast-math
 # `acc +=` was reordered differently in different drivers, and the rows differed in the last bits).
-LONG_ROW_TYPES = TYPES
-
-
-@pytest.mark.parametrize("name", LONG_ROW_TYPES)
+@pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("n_rows", [2, 3, 4, 6, 7, 8, 9])
 def test_batched_matvec_equals_vec_dot_on_long_rows(name, n_rows):
     # The batched decode (matvec_rows: grid, pair and 1x4 kernels) against each row's own vec_dot, on

@@ -114,6 +114,7 @@ def f16_to_f32(typingctx, bits):
 
 
 DOT_LANES = 16
+PINNED = ("arcp",)  # a float flag that permits nothing for + and *: keeps Numba's fast-math rewrite off
 
 
 @intrinsic
@@ -123,7 +124,9 @@ def dot_f32_f16_lanes(typingctx, a, bits, n_full):
     (lane l takes the elements i % DOT_LANES == l, a product then a sum, no fused multiply-add), then
     added up by halves (lanes l and l + 8, then l and l + 4, ...). Written as LLVM vector IR so that it is
     packed (vcvtph2ps, vmulps, vaddps) without fast-math: the order is the IR's, not the optimiser's
-    choice, so every compilation gives the same bits."""
+    choice, so every compilation gives the same bits. Its float operations carry an explicit flag that
+    permits nothing here (arcp), so that Numba's fast-math rewrite, which flags every unflagged float
+    operation of a fast-math kernel, leaves them alone wherever this is inlined."""
     ok = (
         isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
         and isinstance(bits, types.Array) and bits.ndim == 1 and bits.layout == "C" and bits.dtype == types.uint16
@@ -147,7 +150,7 @@ def dot_f32_f16_lanes(typingctx, a, bits, n_full):
             x = builder.load(builder.bitcast(builder.gep(a_data, [offset]), floats.as_pointer()), align=4)
             y16 = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
             y = builder.fpext(builder.bitcast(y16, halves), floats)
-            builder.store(builder.fadd(builder.load(sums), builder.fmul(x, y)), sums)
+            builder.store(builder.fadd(builder.load(sums), builder.fmul(x, y, flags=PINNED), flags=PINNED), sums)
         total = builder.load(sums)
         width = DOT_LANES
         while width > 1:
@@ -155,7 +158,7 @@ def dot_f32_f16_lanes(typingctx, a, bits, n_full):
             index = ir.VectorType(ir.IntType(32), width)
             low = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width))))
             high = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width, 2 * width))))
-            total = builder.fadd(low, high)
+            total = builder.fadd(low, high, flags=PINNED)
         return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
 
     return sig, codegen
@@ -163,9 +166,11 @@ def dot_f32_f16_lanes(typingctx, a, bits, n_full):
 
 @intrinsic
 def fma_f32(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma.f32), float32. A call LLVM's fast-math rules cannot reassociate:
-    a loop `acc = fma_f32(x, y, acc)` sums in its written order in every kernel it is inlined into
-    (a fast-math `acc += x * y` was reordered differently in different drivers, measured on IQ4_NL)."""
+    """a * b + c rounded once (llvm.fma.f32), float32. A call, not a reassociable fadd: a loop
+    `acc = fma_f32(x, y, acc)` sums in its written order in every kernel it is inlined into (a fast-math
+    `acc += x * y` was reordered differently in different drivers, measured on IQ4_NL). In a fast-math
+    kernel Numba flags the call too, as it does q4_k's and q6_k's accumulation steps, which rely on the
+    same: LLVM keeps a flagged fma a single fma."""
     if not all(t == types.float32 for t in (a, b, c)):
         return None
     sig = types.float32(a, b, c)

@@ -17,8 +17,8 @@ Two settings work together:
    makes ~65. So the backend measures: it runs decode steps with all its threads, now and then tries
    the other setting, keeps a moving average of the step time of each, and uses whichever is
    faster; each try that confirms the choice doubles the wait before the next (up to EXPLORE_MAX steps),
-   and a try that falls behind the setting in use (op by op) is cut short. On a quiet machine that is all threads from
-   the third step on; under load, one thread, and the idle worker stops spinning.
+   and a try that falls behind the setting in use (op by op) is cut short. On a quiet machine that is
+   all threads from the third step on; under load, one thread, and the idle worker stops spinning.
 
 The results do not depend on the thread count (every kernel computes each output the same way on any
 number of threads), so switching never changes a token.
@@ -49,8 +49,8 @@ class DecodeThreads:
     duration; the backend asks now() before each op, because a try is cut short (the rest of the step
     on the setting in use) once it falls behind (TRY_MARGIN) or has taken ABANDON_AFTER times a step
     of the setting in use: on a loaded machine one all-thread step took 0.2-0.6 s instead of 0.01,
-    measured. Step times are compared per number
-    of rows (the server's steps vary in size) through exponential moving averages: a step's time grows
+    measured. Step times are compared per number of rows (the server's steps vary in size) through
+    exponential moving averages: a step's time grows
     slowly with the context, and both averages are refreshed at every try, so they stay comparable.
     Decode-sized steps start on one thread, larger ones on all (_start); the first try of the other
     setting is the third step. Times are kept per row, under the step's size class (size_class)."""
