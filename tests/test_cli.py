@@ -161,3 +161,14 @@ def test_bad_model_arguments_exit_1_with_one_line(capsys, tmp_path, command, cas
 def test_bad_flag_values_are_usage_errors(capsys, args):
     code, out, err = run_cli(capsys, *args)
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("command", ["bench", "chat", "run", "serve"])
+def test_help_keeps_the_cuda_extra_in_brackets(command):
+    # rich renders Typer's help and takes an unescaped "[cuda]" for a style tag, dropping it from the text.
+    proc = subprocess.run(
+        [sys.executable, "-m", "localllm.cli.app", command, "--help"],
+        capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "COLUMNS": "250"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'localllm[cuda]'" in proc.stdout

@@ -22,7 +22,8 @@ def _check_backend(value: str) -> str:
 
 Backend = typer.Option(
     "cpu", "--backend", "-b", callback=_check_backend, envvar="LOCALLLM_BACKEND",
-    help="cpu, cuda (NVIDIA GPU; pip install 'localllm[cuda]') or auto (cuda when a GPU is present).",
+    # "\\[" keeps rich (Typer's help renderer) from taking "[cuda]" for a style tag and dropping it.
+    help="cpu, cuda (NVIDIA GPU; pip install 'localllm\\[cuda]') or auto (cuda when a GPU is present).",
 )
 Ctx = typer.Option(
     None, "--ctx", "-c", help="Context size in tokens (default: trained context, capped by memory).",
