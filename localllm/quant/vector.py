@@ -39,6 +39,14 @@ from numba.extending import intrinsic
 # the 1024 bytes (past the same place in the next group of rows) used before: Q5_0 matvecs 2.9 -> 1.9 ms
 # a token, the Q8_0 output projection about 10% faster; 4-10 KiB all within noise of each other.
 PREFETCH_BYTES = 8192
+# Into which cache (llvm.prefetch's locality: 3 = prefetcht0, every level; 2 = prefetcht1, L2 and
+# out; 0 = prefetchnta). Measured on a Zen 4 (2026-11-23, scripts/bench_quant.py --mb 256): with
+# prefetcht0 the lines asked for 8 KiB ahead land in the 32 KiB L1 and push out the activation, which
+# every row reads again; at K = 14336 (Llama-3-8B's ffn_down) a Q6_K matvec ran at 14-15 GB/s on one
+# thread against 26 at K = 4096; with prefetcht1 22-26 at both, Q4_K 15.8 against 10.5-14.6, no loss at
+# K = 4096. Model decode: Gemma 3 270M tg128 +9-11%, the 8B-shaped file +9-21% on one thread.
+# prefetchnta (lines that skip L2) helped an isolated matvec on a Zen 5 but cost Gemma's decode 14% here.
+PREFETCH_LOCALITY = 2
 
 # "auto": the best of the paths below that the target has; "avx2": AVX2 only (no VNNI, no AVX-512
 # masks), "generic": portable IR only. The tests compile every path and compare the integer results.
@@ -413,7 +421,7 @@ class VectorCode:
 
     def prefetch(self, array_type, array, byte_index, distance=None):
         """Hint the cache to fetch the line `distance` (default PREFETCH_BYTES) bytes past
-        array[byte_index] (never faults)."""
+        array[byte_index] into the level PREFETCH_LOCALITY says (never faults)."""
         if distance is None:
             distance = PREFETCH_BYTES
         data = self._data(array_type, array)
@@ -422,7 +430,7 @@ class VectorCode:
         fnty = ir.FunctionType(ir.VoidType(), [i8p, ir.IntType(32), ir.IntType(32), ir.IntType(32)])
         fn = cgutils.get_or_insert_function(self.builder.module, fnty, "llvm.prefetch.p0i8")
         i32 = ir.IntType(32)
-        self.builder.call(fn, [self.builder.bitcast(pointer, i8p), i32(0), i32(3), i32(1)])
+        self.builder.call(fn, [self.builder.bitcast(pointer, i8p), i32(0), i32(PREFETCH_LOCALITY), i32(1)])
 
     def store_dequantized(self, out_type, out, index, quants, signed: bool, steps, offsets=None):
         """out[index : index + 32] = step * float(q) [- offset], lane by lane, as IEEE float32 operations
