@@ -43,8 +43,9 @@ PREFETCH_BYTES = 8192
 # out; 0 = prefetchnta). Measured on a Zen 4 (2026-11-23, scripts/bench_quant.py --mb 256): with
 # prefetcht0 the lines asked for 8 KiB ahead land in the 32 KiB L1 and push out the activation, which
 # every row reads again; at K = 14336 (Llama-3-8B's ffn_down) a Q6_K matvec ran at 14-15 GB/s on one
-# thread against 26 at K = 4096; with prefetcht1 22-26 at both, Q4_K 15.8 against 10.5-14.6, no loss at
-# K = 4096. Model decode: Gemma 3 270M tg128 +9-11%, the 8B-shaped file +9-21% on one thread.
+# thread against 26 at K = 4096; with prefetcht1 22-26, Q4_K 15.8 against 10.5-14.6. At K = 4096 Q4_K
+# the same, Q6_K 22-24 against 25-26 (two rounds). Model decode: Gemma 3 270M tg128 +9-11%, the
+# 8B-shaped file +9-21% on one thread.
 # prefetchnta (lines that skip L2) helped an isolated matvec on a Zen 5 but cost Gemma's decode 14% here.
 PREFETCH_LOCALITY = 2
 
