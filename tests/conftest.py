@@ -15,8 +15,8 @@ from pathlib import Path
 # the 288-token reference prompt the logits move with its rounding: with the AVX-512 (SkylakeX) kernels,
 # which OpenBLAS picks by itself on AVX-512 machines, KL(llama.cpp || ours) there is 0.0138 against
 # 0.0082 with the Haswell ones, and the two of ours differ from each other by KL 0.027 (max 1.3 in a
-# logit; measured 2026-11-23 on a Zen 4). The project's machines set OPENBLAS_CORETYPE=Haswell, where
-# the reference bounds were set; a machine without it failed test_gemma_reference's 0.01 bound. That
+# logit; measured 2026-11-23 on a Zen 4). The machines where the reference bounds were set had
+# OPENBLAS_CORETYPE=Haswell in their environment; one without it failed test_gemma_reference's 0.01 bound. That
 # sensitivity is an open question (docs/performance.md, "Fifth session"), not settled by this line.
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 

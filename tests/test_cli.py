@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -168,7 +169,7 @@ def test_help_keeps_the_cuda_extra_in_brackets(command):
     # rich renders Typer's help and takes an unescaped "[cuda]" for a style tag, dropping it from the text.
     proc = subprocess.run(
         [sys.executable, "-m", "localllm.cli.app", command, "--help"],
-        capture_output=True, text=True, timeout=120, env={**__import__("os").environ, "COLUMNS": "250"},
+        capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "250"},
     )
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'localllm[cuda]'" in proc.stdout
