@@ -110,7 +110,7 @@ def bench_type(name: str, args, rng) -> dict:
         qt = quant.get(name)
     except Exception as exc:  # noqa: BLE001 -- a module mid-edit may fail in any way: report it, go on
         return {"type": name, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
-    weights = weight_matrix(qt, args.cols, args.mb * 2**20, rng)
+    weights = weight_matrix(qt, args.cols, int(args.mb * 2**20), rng)
     dequant_s = bench_dequantize(qt, weights, args.cols, args.repeat)
     dot_s = bench_vec_dot(qt, weights, args.cols, args.repeat, rng)
     n_elements = weights.shape[0] * args.cols
@@ -156,7 +156,7 @@ def print_table(results: list[dict], threads: int) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("types", nargs="*", help="ggml type names (default: every supported type)")
-    parser.add_argument("--mb", type=int, default=64, help="weight matrix size in MiB (default 64)")
+    parser.add_argument("--mb", type=float, default=64, help="weight matrix size in MiB (default 64)")
     parser.add_argument("--cols", type=int, default=4096, help="inputs per row, a multiple of 256 (default 4096)")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per figure (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="Numba threads (default 1)")
