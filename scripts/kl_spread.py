@@ -1,0 +1,184 @@
+#!/usr/bin/env python3
+"""How far localllm's logits are from llama.cpp's, next to how far llama.cpp's own paths are from each other.
+
+    python scripts/kl_spread.py [MODEL.gguf] [--prompts 50] [--seed 7] [--threads 2] [--json OUT]
+
+For each prompt (token ids from llama.cpp's own tokenizer: random spans of tests/data/ppl/botchan.txt of
+4 to 500 tokens, and a few short fixed prompts), the logits at the last prompt position from:
+- llama.cpp as the reference files were made (llama-cpp-python defaults: the prompt in one batch, weights
+  repacked, no flash attention), the base of every comparison;
+- llama.cpp token by token (n_batch 1), with flash attention, and without repacking (use_extra_bufts off):
+  the same engine and file, other kernels: its own spread;
+- localllm, the prompt in one batch (what tests/test_gemma_reference.py checks) and token by token.
+Prints KL(base || each) over the prompts (median, mean, 90th percentile, max, the share above 0.01) and
+how often the top token agrees. A per-prompt KL bound below the spread of llama.cpp's own paths is a
+bound some prompts fail by rounding alone: the 8-bit activation quantization inside every matmul turns
+an ulp anywhere into flipped int8 roundings downstream.
+
+llama.cpp runs in a child process through llama-cpp-python (`pip install -e '.[bench]'`), or through the
+Python package of its sdist and a library built from it (scripts/bench_vs_llamacpp.py says how to build):
+    PYTHONPATH=<sdist dir> LLAMA_CPP_LIB_PATH=<sdist>/vendor/llama.cpp/build/bin python scripts/kl_spread.py
+(the package imports diskcache, jinja2 and typing-extensions). Needs ~60 MB of memory per variant for
+50 prompts (262,144 float32 logits each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TEXT = ROOT / "tests" / "data" / "ppl" / "botchan.txt"
+FIXED = [
+    "The capital of Japan is",
+    "def quicksort(arr):",
+    "1, 1, 2, 3, 5, 8,",
+    "Translate to French: good morning",
+    "<start_of_turn>user\nWhat is the boiling point of water?<end_of_turn>\n<start_of_turn>model\n",
+]
+LENGTHS = [4, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 80, 96, 128, 160, 200, 256, 300, 384, 450, 500]
+LLAMA_VARIANTS = {  # name -> (Llama keyword arguments, repack weights)
+    "llama.cpp batched": ({}, True),
+    "llama.cpp token by token": ({"n_batch": 1, "n_ubatch": 1}, True),
+    "llama.cpp flash attention": ({"flash_attn": True}, True),
+    "llama.cpp no repack": ({}, False),
+}
+BASE = "llama.cpp batched"
+
+
+def _llama(model: str, threads: int, kwargs: dict, repack: bool, vocab_only: bool = False):
+    import llama_cpp
+    import llama_cpp.llama as llama_module
+
+    if not repack:  # llama-cpp-python has no argument for it: its model parameters come from this call
+        default = llama_cpp.llama_model_default_params
+
+        def no_repack():
+            params = default()
+            params.use_extra_bufts = False
+            return params
+
+        llama_module.llama_cpp.llama_model_default_params = no_repack
+    return llama_cpp.Llama(model_path=model, n_ctx=2048, n_batch=512, n_threads=threads, verbose=False, vocab_only=vocab_only, **kwargs)
+
+
+def make_prompts(model: str, count: int, seed: int) -> dict[str, list[int]]:
+    """Prompt name -> token ids, tokenized by llama.cpp (with BOS, special tokens not parsed)."""
+    llm = _llama(model, 1, {}, True, vocab_only=True)
+    rng = np.random.default_rng(seed)
+    text = TEXT.read_text()
+    prompts = {f"fixed{i}": llm.tokenize(p.encode(), add_bos=True, special=False) for i, p in enumerate(FIXED)}
+    for i in range(max(0, count - len(FIXED))):
+        n = LENGTHS[i % len(LENGTHS)]
+        start = int(rng.integers(0, len(text) - 8 * n))
+        ids = llm.tokenize(text[start : start + 8 * n].encode(), add_bos=True, special=False)[:n]
+        prompts[f"span{i:02d}_{len(ids)}"] = ids
+    return prompts
+
+
+def llama_worker(model: str, prompts_file: str, out_dir: str, threads: int) -> None:
+    """Child process: one .npy of last-position logits [n_prompts, vocab] per llama.cpp variant."""
+    import llama_cpp
+
+    prompts = json.loads(Path(prompts_file).read_text())
+    for index, (name, (kwargs, repack)) in enumerate(LLAMA_VARIANTS.items()):
+        llm = _llama(model, threads, kwargs, repack)
+        rows = []
+        for ids in prompts.values():
+            llm.reset()
+            llm.eval(ids)
+            rows.append(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy())
+        np.save(Path(out_dir) / f"llama{index}.npy", np.stack(rows))
+        del llm
+
+
+def localllm_logits(model: str, prompts: dict[str, list[int]], threads: int) -> dict[str, np.ndarray]:
+    import localllm
+
+    llm = localllm.load(model, n_ctx=1024, threads=threads)
+    batched, stepwise = [], []
+    for ids in prompts.values():
+        batched.append(llm.logits(ids)[-1].copy())
+        session = llm.new_session()
+        for pos, token in enumerate(ids):
+            last = llm.decoder.forward(np.array([token], dtype=np.int32), pos, session.cache)[0]
+        stepwise.append(last.copy())
+    return {"localllm batched": np.stack(batched), "localllm token by token": np.stack(stepwise)}
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def compare(base: np.ndarray, other: np.ndarray) -> dict:
+    p, q = log_softmax(base), log_softmax(other)
+    kl = np.sum(np.exp(p) * (p - q), axis=-1)
+    return {
+        "kl_median": float(np.median(kl)),
+        "kl_mean": float(kl.mean()),
+        "kl_p90": float(np.quantile(kl, 0.9)),
+        "kl_max": float(kl.max()),
+        "share_above_0.01": float((kl > 0.01).mean()),
+        "top1_agreement": float((base.argmax(axis=-1) == other.argmax(axis=-1)).mean()),
+        "kl": kl.tolist(),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", nargs="?", help="GGUF file (default: the built-in Gemma 3 270M)")
+    parser.add_argument("--prompts", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="write the figures (and every prompt's KL) here")
+    parser.add_argument("--llama-worker", nargs=3, metavar=("MODEL", "PROMPTS", "OUT_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.llama_worker:
+        llama_worker(*args.llama_worker, args.threads)
+        return 0
+    if args.prompts < 1:
+        parser.error("--prompts must be at least 1")
+    model = args.model
+    if model is None:
+        from localllm.hub.default_model import default_model_path
+
+        model = str(default_model_path())
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as exc:
+        print(f"kl_spread: llama-cpp-python is not importable ({exc}); see the module docstring", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = make_prompts(model, args.prompts, args.seed)
+        prompts_file = Path(tmp) / "prompts.json"
+        prompts_file.write_text(json.dumps(prompts))
+        cmd = [sys.executable, __file__, "--threads", str(args.threads), "--llama-worker", model, str(prompts_file), tmp]
+        subprocess.run(cmd, check=True, env=os.environ.copy())
+        logits = {name: np.load(Path(tmp) / f"llama{i}.npy") for i, name in enumerate(LLAMA_VARIANTS)}
+    logits.update(localllm_logits(model, prompts, args.threads))
+    lengths = [len(ids) for ids in prompts.values()]
+    print(f"{len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens; KL({BASE} || each) at the last prompt position")
+    print(f"{'':28s} {'median':>8s} {'mean':>8s} {'p90':>8s} {'max':>8s} {'>0.01':>7s} {'top-1':>7s}")
+    results = {}
+    for name, rows in logits.items():
+        if name == BASE:
+            continue
+        r = results[name] = compare(logits[BASE], rows)
+        print(f"{name:28s} {r['kl_median']:8.5f} {r['kl_mean']:8.5f} {r['kl_p90']:8.5f} {r['kl_max']:8.5f} "
+              f"{100 * r['share_above_0.01']:6.0f}% {100 * r['top1_agreement']:6.0f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": model, "prompts": prompts, "base": BASE, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
