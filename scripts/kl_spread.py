@@ -66,7 +66,8 @@ def _llama(model: str, threads: int, kwargs: dict, repack: bool, vocab_only: boo
             return params
 
         llama_module.llama_cpp.llama_model_default_params = no_repack
-    return llama_cpp.Llama(model_path=model, n_ctx=2048, n_batch=512, n_threads=threads, verbose=False, vocab_only=vocab_only, **kwargs)
+    settings = {"n_ctx": 2048, "n_batch": 512, "n_threads": threads, "verbose": False, "vocab_only": vocab_only, **kwargs}
+    return llama_cpp.Llama(model_path=model, **settings)
 
 
 def make_prompts(model: str, count: int, seed: int) -> dict[str, list[int]]:
@@ -83,11 +84,13 @@ def make_prompts(model: str, count: int, seed: int) -> dict[str, list[int]]:
     return prompts
 
 
-def llama_worker(model: str, prompts_file: str, out_dir: str, threads: int) -> None:
-    """Child process: one .npy of last-position logits [n_prompts, vocab] per llama.cpp variant."""
+def llama_worker(model: str, count: int, seed: int, out_dir: str, threads: int) -> None:
+    """Child process (llama.cpp's library stays out of the process that runs ours): prompts.json, then
+    one .npy of last-position logits [n_prompts, vocab] per llama.cpp variant."""
     import llama_cpp
 
-    prompts = json.loads(Path(prompts_file).read_text())
+    prompts = make_prompts(model, count, seed)
+    (Path(out_dir) / "prompts.json").write_text(json.dumps(prompts))
     for index, (name, (kwargs, repack)) in enumerate(LLAMA_VARIANTS.items()):
         llm = _llama(model, threads, kwargs, repack)
         rows = []
@@ -140,10 +143,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the figures (and every prompt's KL) here")
-    parser.add_argument("--llama-worker", nargs=3, metavar=("MODEL", "PROMPTS", "OUT_DIR"), help=argparse.SUPPRESS)
+    parser.add_argument("--llama-worker", metavar="OUT_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.llama_worker:
-        llama_worker(*args.llama_worker, args.threads)
+        llama_worker(args.model, args.prompts, args.seed, args.llama_worker, args.threads)
         return 0
     if args.prompts < 1:
         parser.error("--prompts must be at least 1")
@@ -152,17 +155,13 @@ def main() -> int:
         from localllm.hub.default_model import default_model_path
 
         model = str(default_model_path())
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError as exc:
-        print(f"kl_spread: llama-cpp-python is not importable ({exc}); see the module docstring", file=sys.stderr)
-        return 2
     with tempfile.TemporaryDirectory() as tmp:
-        prompts = make_prompts(model, args.prompts, args.seed)
-        prompts_file = Path(tmp) / "prompts.json"
-        prompts_file.write_text(json.dumps(prompts))
-        cmd = [sys.executable, __file__, "--threads", str(args.threads), "--llama-worker", model, str(prompts_file), tmp]
-        subprocess.run(cmd, check=True, env=os.environ.copy())
+        cmd = [sys.executable, __file__, model, "--prompts", str(args.prompts), "--seed", str(args.seed),
+               "--threads", str(args.threads), "--llama-worker", tmp]
+        if subprocess.run(cmd, env=os.environ.copy()).returncode != 0:
+            print("kl_spread: the llama.cpp run failed (is llama-cpp-python importable? see the module docstring)", file=sys.stderr)
+            return 2
+        prompts = json.loads((Path(tmp) / "prompts.json").read_text())
         logits = {name: np.load(Path(tmp) / f"llama{i}.npy") for i, name in enumerate(LLAMA_VARIANTS)}
     logits.update(localllm_logits(model, prompts, args.threads))
     lengths = [len(ids) for ids in prompts.values()]

@@ -17,7 +17,7 @@ from pathlib import Path
 # 0.0082 with the Haswell ones, and the two of ours differ from each other by KL 0.027 (max 1.3 in a
 # logit; measured 2026-11-23 on a Zen 4). The machines where the reference bounds were set had
 # OPENBLAS_CORETYPE=Haswell in their environment; one without it failed test_gemma_reference's 0.01 bound. That
-# sensitivity is an open question (docs/performance.md, "Fifth session"), not settled by this line.
+# sensitivity is an open question (docs/performance.md, "Fifth session"; docs/accuracy.md), not settled by this line.
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 
 import pytest  # noqa: E402
