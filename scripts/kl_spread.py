@@ -57,17 +57,22 @@ def _llama(model: str, threads: int, kwargs: dict, repack: bool, vocab_only: boo
     import llama_cpp
     import llama_cpp.llama as llama_module
 
-    if not repack:  # llama-cpp-python has no argument for it: its model parameters come from this call
-        default = llama_cpp.llama_model_default_params
-
-        def no_repack():
-            params = default()
-            params.use_extra_bufts = False
-            return params
-
-        llama_module.llama_cpp.llama_model_default_params = no_repack
     settings = {"n_ctx": 2048, "n_batch": 512, "n_threads": threads, "verbose": False, "vocab_only": vocab_only, **kwargs}
-    return llama_cpp.Llama(model_path=model, **settings)
+    if repack:
+        return llama_cpp.Llama(model_path=model, **settings)
+    # llama-cpp-python has no argument for repacking: Llama takes its model parameters from this call
+    default = llama_module.llama_cpp.llama_model_default_params
+
+    def no_repack():
+        params = default()
+        params.use_extra_bufts = False
+        return params
+
+    llama_module.llama_cpp.llama_model_default_params = no_repack
+    try:
+        return llama_cpp.Llama(model_path=model, **settings)
+    finally:
+        llama_module.llama_cpp.llama_model_default_params = default
 
 
 def make_prompts(model: str, count: int, seed: int) -> dict[str, list[int]]:
