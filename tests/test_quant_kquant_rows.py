@@ -2,8 +2,9 @@
 one-row vec_dot, bit for bit.
 
 The server's batched decode needs a row's result not to depend on the batch, so every out[t, r] of
-matvec_rows must be the very float vec_dot(w[r], aqs[t], ad[t], asum[t]) gives: batches of T = 1..17
-(groups of eight, a tail group of eight or four repeating the last row, a pair, a lone row), rows of 256..14336, extreme
+matvec_rows must be the very float vec_dot(w[r], aqs[t], ad[t], asum[t]) gives: batches of T = 1..35
+(groups of sixteen, of eight, a tail group of eight or four repeating the last row, a pair, a lone row),
+rows of 256..14336, extreme
 activations (quants at -127 and 127, the largest 16- and 32-element sums, all zero) and weights (every
 byte pattern, zero blocks, special float16 scales); and the same on every VectorCode instruction-set
 path (uncached copies compiled under each VECTOR_ISA, as in test_quant_isa.py).
@@ -47,7 +48,7 @@ def test_matvec_rows_equals_vec_dot_for_every_batch_size(name, k):
     qt = quant.get(name)
     raw = random_rows(name, 13, k, rng)
     matvec_rows = row_drivers(qt).matvec_rows
-    for n_rows in range(1, 18):
+    for n_rows in list(range(1, 18)) + [24, 29, 35]:
         batch = BatchActivation(qt.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)
         matvec_rows(raw, out, *batch)
@@ -62,7 +63,9 @@ def test_matvec_rows_equals_vec_dot_on_long_rows(name, k, scale):
     rng = np.random.default_rng(k)
     qt = quant.get(name)
     raw = np.concatenate([random_rows(name, 5, k, rng), qt.quantize(rng.normal(0, 0.05, (3, k)).astype(np.float32))])
-    for n_rows in (8, 9, 10, 11, 13):  # eight; and a lone row, a pair, a group of four, a group of eight repeating T - 1
+    # eight; and a lone row, a pair, a group of four, a group of eight repeating T - 1; sixteen, and
+    # sixteen followed by each of those
+    for n_rows in (8, 9, 10, 11, 13, 16, 17, 26, 29, 35):
         batch = BatchActivation(qt.act, n_rows, k).quantize(_activations(rng, n_rows, k, scale))
         out = np.empty((n_rows, raw.shape[0]), dtype=np.float32)
         row_drivers(qt).matvec_rows(raw, out, *batch)
@@ -75,7 +78,7 @@ def test_matvec_rows_equals_vec_dot_on_every_isa(name):
     qt = quant.get(name)
     k = 512
     raw = random_rows(name, 9, k, rng)
-    batches = [BatchActivation(qt.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (2, 3, 8, 13)]
+    batches = [BatchActivation(qt.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (2, 3, 8, 13, 16, 19)]
     expected = [_expected(qt, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:

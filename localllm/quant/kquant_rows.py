@@ -5,30 +5,33 @@ the type's one-row `vec_dot`.
     <type>_pack(qs, d, s, t0, n_groups, R) -> (pq, pd, ps): the activation rows [T, ...] rearranged once
         per matmul into groups of R rows, block by block (rows past T - 1 repeat it, so a batch's
         remainder is one more group whose extra lanes the driver stores on the last row)
-    <type>_rows_R (R = 8, 4, 2; any power of two from 2 builds): intrinsics
+    <type>_rows_R (R = 16, 8, 4, 2; any power of two from 2 builds): intrinsics
         (weights uint8[N, row_bytes], r, pq, pd, ps, g, b0, b1, start, ahead) -> UniTuple(float32, R):
         blocks b0..b1-1 of weight row r against the R rows of group g, accumulating on from `start` (R
         floats), so that a driver can take the blocks in ranges whose activations stay in the L1 cache;
         `ahead`: the prefetch distance in bytes
 
 Per super-block the weights are unpacked once (quants, per-sub-block scales as words, the mins or the
-Q6_K offsets as words) and then, per activation row, the integer work is two multiply-adds per 64
-weights (vpmaddubsw, then vpmaddwd by the scales, the add fused into vpdpwssd by LLVM where the target
-has AVX-512 VNNI) into one <16 x i32> accumulator. The mins' share (Q4_K) is one vpmaddwd per four rows
-on the pair sums of the activation's 16-element sums, packed as int16 (|sum| <= 32 * 127); Q6_K's -32
-offset one vpmaddwd per row on the int32 sums read as words (value, sign) against (-32 * scale, 0),
-exact since a 16-element sum fits in int16. The rows' accumulators are then reduced together by a
-transposing tree (two vectors -> one, each add halving every row's partials), so the horizontal sums
-cost a few shuffles per row, and the float step runs with the rows as lanes: a vector fma is a scalar
-fma per lane, so each lane does exactly what the type's `accumulate` does for its row:
+Q6_K offsets as words) and then, per activation row, the integer work goes into one <16 x i32>
+accumulator (_scaled_rows): two multiply-adds per 64 weights (vpmaddubsw, then vpmaddwd by the scales,
+the add fused into vpdpwssd by LLVM), or, where the target has AVX-512 VNNI, three per 128 (a vpdpbusd
+per 64, the two results packed to words, one vpmaddwd by the scales). The mins' share (Q4_K) is one
+vpmaddwd per four rows on the pair sums of the activation's 16-element sums, packed as int16 (|sum| <=
+32 * 127); Q6_K's -32 offset one vpmaddwd per row on the int32 sums read as words (value, sign) against
+(-32 * scale, 0), exact since a 16-element sum fits in int16. The rows' accumulators are then reduced
+together by a transposing tree (two vectors -> one, each add halving every row's partials), so the
+horizontal sums cost a few shuffles per row, and the float step runs with the rows as lanes: a vector
+fma is a scalar fma per lane, so each lane does exactly what the type's `accumulate` does for its row:
     Q4_K, Q5_K: acc = fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
     Q6_K: acc = fma(ad * d, float(total), acc)
 The integers are exact wrapping int32 sums (the same whatever their order), so every lane's value is
 vec_dot's, bit for bit (tests/test_quant_kquant_rows.py, on every VECTOR_ISA path).
 
-Measured (one thread, in cache, K = 2048): ~1.55 ns per row and block against ~5.5 for vec_dot (Q4_K);
-R = 16 (not exported) only ~4% faster per row than R = 8; the work is mostly the eight multiply-adds per row and block
-(taking the scale vpmaddwd out, for timing only, saved 25%).
+Measured on the Zen 4 machine (one thread, in cache, Q4_K, K = 4096, scripts/bench_quant.py's kind of
+matrix): per row and block ~2.3 ns of per-row work (the multiplies: one 512-bit multiply per cycle)
+plus ~5.4 ns per block shared by the R rows, so R = 16 takes ~2.9 ns per row and block, R = 8 ~3.0,
+R = 4 ~3.7, R = 2 ~5.0 (vec_dot: ~8). On the earlier Zen 5 machine R = 8 was ~1.55 ns and R = 16 only
+~4% faster per row.
 """
 
 from __future__ import annotations
@@ -198,6 +201,37 @@ def q4_k_pack(qs, d, s, t0, n_groups, width):
     return pq, pd, ps
 
 
+def _scaled_rows(v, quants, scales, acts, n_rows: int):
+    """Per activation row i < n_rows, <16 x i32> partial sums of its scaled dot products with the block:
+    quants are the block's four runs of 64 unsigned quants, acts the rows' 256 activations each.
+    Without AVX-512 VNNI, scales holds one <32 x i16> per run (the scale of each vpmaddubsw word): per
+    run one vpmaddubsw and one vpmaddwd. With it, one per two runs in scaled_quads_wide's word order
+    (_quad_scales): per two runs two vpdpbusd, a vpackssdw and a vpmaddwd, 3 multiplies where the other
+    way takes 4 (Zen 4 executes one 512-bit multiply per cycle). The lanes differ between the two; each
+    row's total does not."""
+    rows = []
+    for i in range(n_rows):
+        row_acts = [v.load(None, acts, ir.Constant(I32, 256 * i + 64 * c), 64) for c in range(len(quants))]
+        acc = None
+        if v.avx512_vnni:
+            for j, s in enumerate(scales):
+                runs = [(quants[2 * j + h], row_acts[2 * j + h]) for h in range(2)]
+                acc = v.add(acc, v.scaled_quads_wide(runs, s))
+        else:
+            for q, a, s in zip(quants, row_acts, scales):
+                acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(q, a), s))
+        rows.append(acc)
+    return rows
+
+
+def _quad_scales(v, words_for, scale_of):
+    """With AVX-512 VNNI, the two scale vectors _scaled_rows takes (None without): vector j, for runs 2j
+    and 2j + 1, is v.quad_scales(words_for(j), lambda which, element: scale_of(j, which, element))."""
+    if not v.avx512_vnni:
+        return None
+    return [v.quad_scales(words_for(j), lambda which, element, j=j: scale_of(j, which, element)) for j in range(2)]
+
+
 # ----- Q4_K -----
 
 
@@ -213,7 +247,13 @@ def _q4_k_shared(v, row, base):
         quants.append(v.bit_fields_wide(packed, {j: j for j in range(4)}, {j: j + 4 for j in range(4)}))
         scales.append(v.pick_words(low8, [2 * c] * 16 + [2 * c + 1] * 16))
     mins = v.shuffle(codes16, [8 + lane % 8 for lane in range(32)])
-    return quants, scales, mins
+    return quants, _quad_scales(v, lambda j: low8, _sub_block) or scales, mins
+
+
+def _sub_block(j: int, which: int, element: int) -> int:
+    """Q4_K/Q5_K: the sub-block (scale index) of element `element` of run 2j + which (a run is a pair of
+    sub-blocks, the low nibbles' then the high nibbles')."""
+    return 2 * (2 * j + which) + element // 32
 
 
 def _q4_k_ints(v, unpacked, acts, sums, n_rows):
@@ -222,13 +262,7 @@ def _q4_k_ints(v, unpacked, acts, sums, n_rows):
     Per row 16 lanes of scaled partials (4 x vpmaddubsw + vpmaddwd); the mins four rows at a time (one
     vpmaddwd on four rows' 8 pair sums: 4 partials each); then both reduced together."""
     quants, scales, min_words = unpacked
-    rows = []
-    for i in range(n_rows):
-        acc = None
-        for c, (q, s) in enumerate(zip(quants, scales)):
-            a = v.load(None, acts, ir.Constant(I32, 256 * i + 64 * c), 64)
-            acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(q, a), s))
-        rows.append(acc)
+    rows = _scaled_rows(v, quants, scales, acts, n_rows)
     scaled, count = _reduce(v, rows, 1, until=4)  # R / 4 vectors of 4 rows x 4 partials (R = 2: one of 2 x 4)
     if n_rows >= 4:
         mins = [v.scale_pairs_wide(v.load(None, sums, ir.Constant(I32, 32 * j), 32), min_words) for j in range(n_rows // 4)]
@@ -269,7 +303,7 @@ def _q5_k_shared(v, row, base):
         quants.append(v.or_(nibbles, v.bit_fields_wide(high, {4: 2 * c}, {4: 2 * c + 1})))
         scales.append(v.pick_words(low8, [2 * c] * 16 + [2 * c + 1] * 16))
     mins = v.shuffle(codes16, [8 + lane % 8 for lane in range(32)])
-    return quants, scales, mins
+    return quants, _quad_scales(v, lambda j: low8, _sub_block) or scales, mins
 
 
 # ----- Q6_K -----
@@ -288,7 +322,9 @@ def _q6_k_shared(v, row, base):
         for j in range(2):
             group_scales.append(v.pick_words(v.shuffle(scales, range(8 * h, 8 * h + 8)), [4 * j + i // 8 for i in range(32)]))
     offsets = v.builder.mul(scales, v.constant(-32, 16, 16))  # |32 * scale| <= 4096: int16
-    return quants, group_scales, v.shuffle(offsets, list(range(16)) * 2)
+    # Runs 2h, 2h + 1 (vector h) hold groups 8h .. 8h + 7, 16 elements each.
+    quad_scales = _quad_scales(v, lambda h: v.shuffle(scales, range(8 * h, 8 * h + 8)), lambda h, which, element: 4 * which + element // 16)
+    return quants, quad_scales or group_scales, v.shuffle(offsets, list(range(16)) * 2)
 
 
 def _q6_k_ints(v, unpacked, acts, sums, n_rows):
@@ -296,13 +332,7 @@ def _q6_k_ints(v, unpacked, acts, sums, n_rows):
     vpmaddwd, reduced two rows into one vector; then the -32 offsets, one vpmaddwd per two rows on their
     int16 group sums (lanes in the same order), added; then all reduced together."""
     quants, scales, offset_words = unpacked
-    rows = []
-    for i in range(n_rows):
-        acc = None
-        for c, (q, s) in enumerate(zip(quants, scales)):
-            a = v.load(None, acts, ir.Constant(I32, 256 * i + 64 * c), 64)
-            acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(q, a), s))
-        rows.append(acc)
+    rows = _scaled_rows(v, quants, scales, acts, n_rows)
     pairs, _ = _reduce(v, rows, 1, until=8)  # rows 2j, 2j+1: [8 partials | 8 partials]
     pairs = [
         v.builder.add(pair, v.scale_pairs_wide(v.load(None, sums, ir.Constant(I32, 32 * j), 32), offset_words))
@@ -339,15 +369,15 @@ def _q6_k_float(v, row, base, ints, ad, acc):
     return _fma(builder, scale, builder.sitofp(ints, ad.type), acc)
 
 
-q4_k_rows_8, q4_k_rows_4, q4_k_rows_2 = (
-    _rows_intrinsic(n, q4_k.BLOCK_BYTES, 48, 8, _q4_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4, 2)
+q4_k_rows_16, q4_k_rows_8, q4_k_rows_4, q4_k_rows_2 = (
+    _rows_intrinsic(n, q4_k.BLOCK_BYTES, 48, 8, _q4_k_shared, _q4_k_ints, _q4_k_float) for n in (16, 8, 4, 2)
 )
-q5_k_rows_8, q5_k_rows_4, q5_k_rows_2 = (
-    _rows_intrinsic(n, q5_k.BLOCK_BYTES, 48, 8, _q5_k_shared, _q4_k_ints, _q4_k_float) for n in (8, 4, 2)
+q5_k_rows_16, q5_k_rows_8, q5_k_rows_4, q5_k_rows_2 = (
+    _rows_intrinsic(n, q5_k.BLOCK_BYTES, 48, 8, _q5_k_shared, _q4_k_ints, _q4_k_float) for n in (16, 8, 4, 2)
 )
 q5_k_pack = q4_k_pack  # the same activation layout (pair sums for the mins)
-q6_k_rows_8, q6_k_rows_4, q6_k_rows_2 = (
-    _rows_intrinsic(n, q6_k.BLOCK_BYTES, 60, 16, _q6_k_shared, _q6_k_ints, _q6_k_float) for n in (8, 4, 2)
+q6_k_rows_16, q6_k_rows_8, q6_k_rows_4, q6_k_rows_2 = (
+    _rows_intrinsic(n, q6_k.BLOCK_BYTES, 60, 16, _q6_k_shared, _q6_k_ints, _q6_k_float) for n in (16, 8, 4, 2)
 )
 
 # The types with kernels here: QuantType name -> the prefix of their names (<prefix>_pack, <prefix>_rows_8,

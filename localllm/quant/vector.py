@@ -353,6 +353,31 @@ class VectorCode:
         ]
         return self.join(*halves)
 
+    def scaled_quads_wide(self, runs, scales):
+        """Two runs of 64 weights against their activations, scaled: runs = ((q0, a0), (q1, a1)), each
+        <64 x i8> (quants unsigned, activations signed, 4 * max q * 128 < 2^15) -> <16 x i32> partial
+        sums of scale * product over all 128 products, for the target with AVX-512 VNNI: one vpdpbusd
+        per run (int32 lanes of 4 products each, which fit in int16), one vpackssdw of the two (exact),
+        one vpmaddwd by `scales`, the words quad_scales lays out. Three 512-bit multiplies for 128
+        weights where dot_pairs_wide + scale_pairs_wide take four: Q4_K's batched kernels 7-10% faster
+        per row on Zen 4 (which executes one such multiply per cycle). The partial sums are spread over
+        the lanes differently from the other way; their total is the same integer."""
+        zero = self.constant(0, 16, 32)
+        quads = [self._vpdpbusd(zero, q, a) for q, a in runs]
+        words = self._x86("llvm.x86.avx512.packssdw.512", quads, self.vector_type(32, 16))
+        return self._x86("llvm.x86.avx512.pmaddw.d.512", [words, scales], self.vector_type(16, 32))
+
+    def quad_scales(self, words8, scale_of):
+        """The scales operand of scaled_quads_wide: word w = words8[scale_of(which, element)] for the
+        run (0 or 1) and the first of the 4 elements whose products word w holds. vpackssdw interleaves
+        its sources per 128-bit lane: four int32 lanes of the first run, then four of the second."""
+        picks = []
+        for w in range(32):
+            block, i = divmod(w, 8)
+            which, lane = (0, 4 * block + i) if i < 4 else (1, 4 * block + i - 4)
+            picks.append(scale_of(which, 4 * lane))
+        return self.pick_words(words8, picks)
+
     def bit_fields_wide(self, vec, low_bits, high_bits):
         """vec (<32 x i8>) -> <64 x i8>: in the first 32 lanes bits low_bits[j] of each byte moved to bit
         j, in the last 32 bits high_bits[j] (every other bit 0). With GFNI (and AVX-512 BW) one
