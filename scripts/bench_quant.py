@@ -149,7 +149,7 @@ def print_table(results: list[dict], threads: int) -> None:
             f"{r['type']:<8}{r['act']:<6}{r['bits_per_weight']:>6.2f}{r['weight_bytes'] / 2**20:>7.1f}  "
             f"{r['dequantize_gbps']:>9.2f}{r['dequantize_gelem_s']:>10.2f}  "
             f"{r['vec_dot_gbps']:>9.2f}{r['vec_dot_gelem_s']:>10.2f}"
-            + (f"  {r['rows_gbps']:>10.2f}{r['rows_over_one']:>8.2f}" if "act_rows" in r else "")
+            + (f"  {r['rows_gbps']:>10.4g}{r['rows_over_one']:>8.2f}" if "act_rows" in r else "")
         )
 
 
