@@ -237,7 +237,7 @@ CHUNK = 16  # blocks of a row per kernel call: a group's 8 rows x 16 blocks (34-
 def matvec_rows(weights, out, qs, d, s):
     \"\"\"weights uint8[N, row_bytes]; out float32[T, N]; the activations (qs, d, s) [T, ...] in the pairing
     format, packed once into groups: sixteen rows at a time while sixteen are left (rows_16: each
-    super-block's unpacking shared by twice the rows of rows_8, 7% less time per row, measured on Zen 4);
+    super-block's unpacking shared by twice the rows of rows_8, 8-9% less time per row on Zen 4);
     then of what is left, groups of eight (rows_8; a last group of 5-7 rows repeats row T - 1), 3-4 rows
     a group of four (rows_4, the same way), 2 a pair (rows_2), 1 left to vec_dot (T = 1: vec_dot alone).
     Weight rows go in tiles of TILE, each tile against one group after the other, so that a group's
