@@ -241,13 +241,18 @@ def _q4_k_shared(v, row, base):
     codes = q4_k.emit_scale_min_codes(v, None, row, v.offset(base, q4_k._SCALES))
     codes16 = v.widen(codes, 16, signed=False)
     low8 = v.shuffle(codes16, range(8))
-    quants, scales = [], []
+    quants = []
     for c in range(q4_k.N_SUB // 2):
         packed = v.load(None, row, v.offset(base, q4_k._QS + q4_k.SUB * c), q4_k.SUB)
         quants.append(v.bit_fields_wide(packed, {j: j for j in range(4)}, {j: j + 4 for j in range(4)}))
-        scales.append(v.pick_words(low8, [2 * c] * 16 + [2 * c + 1] * 16))
     mins = v.shuffle(codes16, [8 + lane % 8 for lane in range(32)])
-    return quants, _quad_scales(v, lambda j: low8, _sub_block) or scales, mins
+    return quants, _sub_block_scales(v, low8), mins
+
+
+def _sub_block_scales(v, low8):
+    """Q4_K/Q5_K: the scale words _scaled_rows takes, from the 8 sub-block scales (<8 x i16>)."""
+    runs = range(q4_k.N_SUB // 2)
+    return _quad_scales(v, lambda j: low8, _sub_block) or [v.pick_words(low8, [2 * c] * 16 + [2 * c + 1] * 16) for c in runs]
 
 
 def _sub_block(j: int, which: int, element: int) -> int:
@@ -296,14 +301,13 @@ def _q5_k_shared(v, row, base):
     codes16 = v.widen(codes, 16, signed=False)
     low8 = v.shuffle(codes16, range(8))
     high = v.load(None, row, v.offset(base, q5_k._QH), q5_k.SUB)
-    quants, scales = [], []
+    quants = []
     for c in range(q5_k.N_SUB // 2):
         packed = v.load(None, row, v.offset(base, q5_k._QS + q5_k.SUB * c), q5_k.SUB)
         nibbles = v.bit_fields_wide(packed, {j: j for j in range(4)}, {j: j + 4 for j in range(4)})
         quants.append(v.or_(nibbles, v.bit_fields_wide(high, {4: 2 * c}, {4: 2 * c + 1})))
-        scales.append(v.pick_words(low8, [2 * c] * 16 + [2 * c + 1] * 16))
     mins = v.shuffle(codes16, [8 + lane % 8 for lane in range(32)])
-    return quants, _quad_scales(v, lambda j: low8, _sub_block) or scales, mins
+    return quants, _sub_block_scales(v, low8), mins
 
 
 # ----- Q6_K -----
@@ -313,18 +317,20 @@ def _q6_k_shared(v, row, base):
     """(unsigned quants u = q + 32 <64 x i8> for the 4 runs of 64 elements, their group scales
     <32 x i16>, -32 * scale_g as words <32 x i16> (lane 16i + g, for two rows' int16 group sums))."""
     scales = v.widen(v.load(None, row, v.offset(base, q6_k._SCALES), q6_k.N_GROUPS), 16)
-    quants, group_scales = [], []
+    quants = []
     for h in range(2):
         low = v.load(None, row, v.offset(base, q6_k._QL + 64 * h), 64)
         high = v.load(None, row, v.offset(base, q6_k._QH + 32 * h), 32)
         quants.append(v.or_(v.and_(low, 15), v.bit_fields_wide(high, {4: 0, 5: 1}, {4: 2, 5: 3})))
         quants.append(v.or_(v.shr(low, 4), v.bit_fields_wide(high, {4: 4, 5: 5}, {4: 6, 5: 7})))
-        for j in range(2):
-            group_scales.append(v.pick_words(v.shuffle(scales, range(8 * h, 8 * h + 8)), [4 * j + i // 8 for i in range(32)]))
     offsets = v.builder.mul(scales, v.constant(-32, 16, 16))  # |32 * scale| <= 4096: int16
-    # Runs 2h, 2h + 1 (vector h) hold groups 8h .. 8h + 7, 16 elements each.
-    quad_scales = _quad_scales(v, lambda h: v.shuffle(scales, range(8 * h, 8 * h + 8)), lambda h, which, element: 4 * which + element // 16)
-    return quants, quad_scales or group_scales, v.shuffle(offsets, list(range(16)) * 2)
+    # Runs 2h, 2h + 1 hold groups 8h .. 8h + 7 (16 elements each): run 2h + j the groups 8h + 4j + i // 8
+    # of its vpmaddubsw words i, or (VNNI) vector h's words the groups 4 * which + element // 16 of them.
+    scales_of_half = [v.shuffle(scales, range(8 * h, 8 * h + 8)) for h in range(2)]
+    group_scales = _quad_scales(v, lambda h: scales_of_half[h], lambda h, which, element: 4 * which + element // 16) or [
+        v.pick_words(scales_of_half[h], [4 * j + i // 8 for i in range(32)]) for h in range(2) for j in range(2)
+    ]
+    return quants, group_scales, v.shuffle(offsets, list(range(16)) * 2)
 
 
 def _q6_k_ints(v, unpacked, acts, sums, n_rows):
