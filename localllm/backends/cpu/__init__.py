@@ -12,7 +12,17 @@ from ...errors import LocalLLMError
 from ..base import Backend, Weight
 from . import kernels
 from .attention_blas import BlasAttention
-from .matmul import BLAS_MIN_ROWS, INTEGER_ALWAYS, MatmulScratch, blas_min_rows, gather_rows_kernel, matmul, matmul_rows, matmul_segments
+from .matmul import (
+    BLAS_MIN_ROWS,
+    INTEGER_ALWAYS,
+    MatmulScratch,
+    blas_min_rows,
+    gather_rows_kernel,
+    matmul,
+    matmul_rows,
+    matmul_segments,
+    matvec_kernel,
+)
 from .threads import DecodeThreads, configure_openmp_waiting
 
 # Bounded spinning for idle OpenMP workers, before Numba starts its pool (see threads.py).
@@ -117,6 +127,7 @@ class CPUBackend(Backend):
         self._gelu_table = None
         self._paged_rows = np.empty(0, dtype=np.int32)
         self._decode = DecodeThreads(self._numba_threads)  # the thread count of each decode step
+        self._matvec_plans: dict[int, tuple] = {}  # id(weight) -> what _matvec needs (see there)
 
     def begin_step(self, rows: int) -> None:
         # Every step is measured, keyed by its row count: in a prefill only the one-row ops (the output
@@ -143,12 +154,31 @@ class CPUBackend(Backend):
         return buffer
 
     def matmul(self, w: Weight, x, out, bias=None) -> None:
-        qt = quant.get(w.qtype)
-        rows = x.shape[0]
-        self._threads_for(rows, rows * w.data.nbytes, SMALL_MATVEC_BYTES, blas=rows >= blas_min_rows(qt))
-        matmul(qt, w.data, x, out, self.scratch)
+        if x.shape[0] == 1:
+            self._matvec(w, x, out)
+        else:
+            qt = quant.get(w.qtype)
+            rows = x.shape[0]
+            self._threads_for(rows, rows * w.data.nbytes, SMALL_MATVEC_BYTES, blas=rows >= blas_min_rows(qt))
+            matmul(qt, w.data, x, out, self.scratch)
         if bias is not None:
             out += bias
+
+    def _matvec(self, w: Weight, x, out) -> None:
+        """out[0] = W @ x[0], as matmul computes one row (matmul._integer_rows), with what it looks up
+        per call (type, kernel, activation buffers, thread rule) kept per weight: a decode step of
+        Gemma 3 270M makes ~130 of these calls, and the lookups were ~4 us of each (~5% of the step)."""
+        plan = self._matvec_plans.get(id(w))
+        if plan is None:
+            qt = quant.get(w.qtype)
+            small = w.data.nbytes < SMALL_MATVEC_BYTES
+            # the plan holds w, so its id cannot be reused by another weight while the entry lives
+            plan = self._matvec_plans[id(w)] = (w, matvec_kernel(qt), self.scratch.activation(qt.act, x.shape[1]), small)
+        _, kernel, activation, small = plan
+        wanted = 1 if small else self._decode.now()
+        if _numba_threads_now() != wanted:
+            numba.set_num_threads(wanted)
+        kernel(w.data, out[0], *activation.quantize(x[0]))
 
     def matmul_segments(self, w: Weight, x, out, bounds, bias=None) -> None:
         qt = quant.get(w.qtype)
@@ -176,7 +206,9 @@ class CPUBackend(Backend):
 
         work: the op's size in elements, for the small ops of a decode step (a norm or activation of one
         row, attention over a short context): under `limit` (default SMALL_OP_WORK) they run on the
-        calling thread alone; a matrix-vector product passes its weight bytes and SMALL_MATVEC_BYTES.
+        calling thread alone (the norms, RoPE, activations and attention through their serial twins
+        without coming here: _parallel); a matrix-vector product passes its weight bytes and
+        SMALL_MATVEC_BYTES.
         Waking the pool costs more than such an op: measured, rms_norm of 1x640 took 7-70 us on 2 threads
         (the second thread's wake-up, and worse when another process holds that core) against 1.6 us
         on one, and a decode step of Gemma 3 270M runs ~200 of them. Same kernel either way: the
@@ -194,10 +226,19 @@ class CPUBackend(Backend):
         if _numba_threads_now() != wanted:
             numba.set_num_threads(wanted)
 
+    def _parallel(self, rows: int, work: int, limit: int = 0) -> bool:
+        """Whether an op runs its parallel kernel (on the thread count _threads_for sets) rather than its
+        serial twin on the calling thread, which a small op (_threads_for's `work` under `limit`) does
+        without touching the thread count (kernels.rms_norm_serial)."""
+        if work < (limit or SMALL_OP_WORK):
+            return False
+        self._threads_for(rows, work, limit)
+        return True
+
     def rms_norm(self, x, weight, eps, out) -> None:
         d = weight.shape[0]
-        self._threads_for(x.shape[0], x.size)
-        kernels.rms_norm(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
+        kernel = kernels.rms_norm if self._parallel(x.shape[0], x.size) else kernels.rms_norm_serial
+        kernel(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
 
     def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0) -> None:
         key = (n_rot, float(base), float(freq_scale), id(freq_factors))
@@ -208,8 +249,8 @@ class CPUBackend(Backend):
             kernels.rope_inv_freqs(n_rot, float(base), float(freq_scale), factors, inv_freq)
             self._inv_freq[key] = inv_freq
         cos, sin = self._rope_angles(key, inv_freq, positions)
-        self._threads_for(x.shape[0], x.size)
-        kernels.rope(x, cos, sin, bool(neox))
+        kernel = kernels.rope if self._parallel(x.shape[0], x.size) else kernels.rope_serial
+        kernel(x, cos, sin, bool(neox))
 
     def _rope_angles(self, key, inv_freq, positions):
         """The (cos, sin) table of these positions, computed once per step and RoPE setting: a step
@@ -237,11 +278,12 @@ class CPUBackend(Backend):
             return
         needed = n_tokens * n_head * (start + n_tokens)
         # work: scores times head_dim (Gemma 3 270M: one thread up to 256 cached positions)
-        self._threads_for(n_tokens, needed * q.shape[2], SMALL_ATTENTION_WORK)
+        parallel = self._parallel(n_tokens, needed * q.shape[2], SMALL_ATTENTION_WORK)
         if self._scores.size < needed:
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
-        kernels.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores)
+        kernel = kernels.attention if parallel else kernels.attention_serial
+        kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores)
 
     def kv_store_paged(self, cache_k, cache_v, k, v, slots) -> None:
         flat_k = cache_k.reshape(-1, *cache_k.shape[2:])  # views: [NB*BS, Hkv, D]
@@ -290,10 +332,10 @@ class CPUBackend(Backend):
     def gated_act(self, gate, up, out, kind) -> None:
         if kind not in ("silu", "gelu_tanh"):
             raise LocalLLMError(f"unknown activation {kind!r}")
-        self._threads_for(gate.shape[0], gate.size)
+        kernel = kernels.gated_act if self._parallel(gate.shape[0], gate.size) else kernels.gated_act_serial
         if self._gelu_table is None:
             self._gelu_table = kernels.gelu_table()
-        kernels.gated_act(gate, up, out, kind == "gelu_tanh", self._gelu_table)
+        kernel(gate, up, out, kind == "gelu_tanh", self._gelu_table)
 
     def add(self, a, b, out) -> None:
         np.add(a, b, out=out)

@@ -24,13 +24,29 @@ def _row_rms_scale(row, eps):
     return np.float32(1.0 / np.sqrt(total / row.shape[0] + np.float64(eps)))
 
 
+@fast_kernel
+def _rms_norm_row(x, weight, eps, out):
+    inv = _row_rms_scale(x, eps)
+    for i in range(x.shape[0]):
+        out[i] = x[i] * inv * weight[i]
+
+
+# Each small op below comes twice: a prange loop over its rows or jobs, and the same loop as a plain
+# `range` (`*_serial`) for the ops of a decode step too small to share (CPUBackend._serial): calling
+# the serial twin leaves Numba's thread count alone, where running the parallel one on one thread meant
+# two set_num_threads calls around it (~1.7 us each, ~130 per Gemma 3 270M step). Both run the same
+# per-row function, so their results are the same.
 @fast_kernel(parallel=True)
 def rms_norm(x, weight, eps, out):
-    """x float32[R, D], weight float32[D] -> out float32[R, D]."""
+    """x float32[R, D], weight float32[D] -> out float32[R, D] (out may be x)."""
     for r in prange(x.shape[0]):
-        inv = _row_rms_scale(x[r], eps)
-        for i in range(x.shape[1]):
-            out[r, i] = x[r, i] * inv * weight[i]
+        _rms_norm_row(x[r], weight, eps, out[r])
+
+
+@fast_kernel
+def rms_norm_serial(x, weight, eps, out):
+    for r in range(x.shape[0]):
+        _rms_norm_row(x[r], weight, eps, out[r])
 
 
 @fast_kernel
@@ -55,25 +71,37 @@ def rope_table(positions, inv_freq, cos, sin):
             sin[t, i] = np.float32(math.sin(angle))
 
 
+@fast_kernel
+def _rope_row(x, cos, sin, neox):
+    """Rotate one token's heads x float32[H, D] by the angles cos, sin float32[n_rot/2]."""
+    half = cos.shape[0]
+    for i in range(half):
+        c = cos[i]
+        s = sin[i]
+        for h in range(x.shape[0]):
+            if neox:
+                a = x[h, i]
+                b = x[h, i + half]
+                x[h, i] = a * c - b * s
+                x[h, i + half] = a * s + b * c
+            else:
+                a = x[h, 2 * i]
+                b = x[h, 2 * i + 1]
+                x[h, 2 * i] = a * c - b * s
+                x[h, 2 * i + 1] = a * s + b * c
+
+
 @fast_kernel(parallel=True)
 def rope(x, cos, sin, neox):
     """Rotate x float32[T, H, D] in place by the angles of rope_table (cos, sin float32[T, n_rot/2])."""
-    half = cos.shape[1]
     for t in prange(x.shape[0]):
-        for i in range(half):
-            c = cos[t, i]
-            s = sin[t, i]
-            for h in range(x.shape[1]):
-                if neox:
-                    a = x[t, h, i]
-                    b = x[t, h, i + half]
-                    x[t, h, i] = a * c - b * s
-                    x[t, h, i + half] = a * s + b * c
-                else:
-                    a = x[t, h, 2 * i]
-                    b = x[t, h, 2 * i + 1]
-                    x[t, h, 2 * i] = a * c - b * s
-                    x[t, h, 2 * i + 1] = a * s + b * c
+        _rope_row(x[t], cos[t], sin[t], neox)
+
+
+@fast_kernel
+def rope_serial(x, cos, sin, neox):
+    for t in range(x.shape[0]):
+        _rope_row(x[t], cos[t], sin[t], neox)
 
 
 @exact_kernel
@@ -180,6 +208,21 @@ def attention(q, cache_k, cache_v, start, scale, window, out, scores):
         _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, _first_key(pos, window), pos, scale, scores[job], out[t, h])
 
 
+@numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def attention_serial(q, cache_k, cache_v, start, scale, window, out, scores):
+    """`attention` on the calling thread (see rms_norm_serial)."""
+    n_tokens, n_head, head_dim = q.shape
+    group = n_head // cache_k.shape[1]
+    one_block = np.zeros(1, dtype=np.int32)
+    blocks_k = cache_k.reshape((1,) + cache_k.shape)
+    blocks_v = cache_v.reshape((1,) + cache_v.shape)
+    for job in range(n_tokens * n_head):
+        t = job // n_head
+        h = job % n_head
+        pos = start + t
+        _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, _first_key(pos, window), pos, scale, scores[job], out[t, h])
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, window, out, scores):
     """The `attention` kernel over a paged cache, for the rows listed in `rows` only.
@@ -257,21 +300,33 @@ def _swiglu_row_in_place(x, up):
         x[i] = _silu(x[i]) * up[i]
 
 
+@fast_kernel
+def _gated_act_row(gate, up, out, gelu, table, in_place):
+    if gelu:
+        if in_place:
+            _geglu_row_in_place(out, up, table)
+        else:
+            _geglu_row(gate, up, out, table)
+    elif in_place:
+        _swiglu_row_in_place(out, up)
+    else:
+        _swiglu_row(gate, up, out)
+
+
 @fast_kernel(parallel=True)
 def gated_act(gate, up, out, gelu, table):
     """out[T, F] = act(gate) * up; gelu: GELU (tanh approximation) via `table` (gelu_table()), else SiLU.
     out may be gate itself (in place); no other overlap."""
     in_place = out.ctypes.data == gate.ctypes.data
     for t in prange(gate.shape[0]):
-        if gelu:
-            if in_place:
-                _geglu_row_in_place(out[t], up[t], table)
-            else:
-                _geglu_row(gate[t], up[t], out[t], table)
-        elif in_place:
-            _swiglu_row_in_place(out[t], up[t])
-        else:
-            _swiglu_row(gate[t], up[t], out[t])
+        _gated_act_row(gate[t], up[t], out[t], gelu, table, in_place)
+
+
+@fast_kernel
+def gated_act_serial(gate, up, out, gelu, table):
+    in_place = out.ctypes.data == gate.ctypes.data
+    for t in range(gate.shape[0]):
+        _gated_act_row(gate[t], up[t], out[t], gelu, table, in_place)
 
 
 # exp(r) on |r| <= ln2/2: Taylor terms to r^7 (truncation < 3e-9 relative, under float32's rounding)

@@ -1,0 +1,113 @@
+"""The CPU backend's decode-step shortcuts compute what the general paths compute, bit for bit: the serial
+twins of the small-op kernels (run without touching Numba's thread count) against the parallel kernels,
+and the one-row matrix product through its per-weight plan against the general matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from localllm import quant
+from localllm.backends.base import Weight
+from localllm.backends.cpu import CPUBackend, kernels
+from localllm.backends.cpu.matmul import MatmulScratch, matmul
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.fixture(scope="module")
+def rng():
+    return np.random.default_rng(11)
+
+
+@pytest.fixture(scope="module")
+def backend():
+    """One backend for every weight below, so their plans live side by side."""
+    return CPUBackend(threads=2)
+
+
+def test_rms_norm_serial_twin_matches_the_parallel_kernel_also_in_place(rng):
+    x = (rng.standard_normal((5, 640)) * 3).astype(np.float32)
+    weight = rng.standard_normal(640).astype(np.float32)
+    want = np.empty_like(x)
+    kernels.rms_norm(x, weight, np.float32(1e-6), want)
+    got = np.empty_like(x)
+    kernels.rms_norm_serial(x, weight, np.float32(1e-6), got)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    in_place = x.copy()
+    kernels.rms_norm_serial(in_place, weight, np.float32(1e-6), in_place)
+    np.testing.assert_array_equal(bits(in_place), bits(want))
+    assert not np.array_equal(want, x)
+
+
+@pytest.mark.parametrize("neox", [True, False])
+def test_rope_serial_twin_matches_the_parallel_kernel(rng, neox):
+    x = rng.standard_normal((3, 4, 64)).astype(np.float32)
+    inv_freq = np.empty(32, dtype=np.float32)
+    kernels.rope_inv_freqs(64, 10000.0, 1.0, np.empty(0, np.float32), inv_freq)
+    positions = np.array([7, 8, 300], dtype=np.int32)
+    cos = np.empty((3, 32), dtype=np.float32)
+    sin = np.empty_like(cos)
+    kernels.rope_table(positions, inv_freq, cos, sin)
+    want, got = x.copy(), x.copy()
+    kernels.rope(want, cos, sin, neox)
+    kernels.rope_serial(got, cos, sin, neox)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    assert not np.array_equal(want, x)
+
+
+@pytest.mark.parametrize("gelu", [True, False])
+def test_gated_act_serial_twin_matches_the_parallel_kernel_in_and_out_of_place(rng, gelu):
+    gate = (rng.standard_normal((3, 2048)) * 4).astype(np.float32)
+    up = rng.standard_normal(gate.shape).astype(np.float32)
+    table = kernels.gelu_table()
+    want = np.empty_like(gate)
+    kernels.gated_act(gate, up, want, gelu, table)
+    got = np.empty_like(gate)
+    kernels.gated_act_serial(gate, up, got, gelu, table)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    in_place = gate.copy()
+    kernels.gated_act_serial(in_place, up, in_place, gelu, table)
+    np.testing.assert_array_equal(bits(in_place), bits(want))
+
+
+@pytest.mark.parametrize("window", [0, 5])
+def test_attention_serial_twin_matches_the_parallel_kernel(rng, window):
+    n_ctx, n_kv, head_dim, start = 32, 2, 64, 9
+    q = rng.standard_normal((3, 4, head_dim)).astype(np.float32)
+    cache_k = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16).view(np.uint16)
+    cache_v = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16).view(np.uint16)
+    scores = np.empty((3 * 4, start + 3), dtype=np.float32)
+    want = np.empty_like(q)
+    kernels.attention(q, cache_k, cache_v, start, np.float32(0.125), window, want, scores)
+    got = np.empty_like(q)
+    kernels.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), window, got, scores)
+    np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize(
+    "qtype, n_out, k",
+    [
+        ("Q8_0", 48, 256),  # under SMALL_MATVEC_BYTES: one thread
+        ("Q5_0", 512, 640),
+        ("Q4_K", 256, 1024),
+        ("Q6_K", 128, 512),
+        ("F16", 64, 128),
+    ],
+)
+def test_one_row_matmul_through_its_plan_equals_the_general_path(rng, backend, qtype, n_out, k):
+    qt = quant.get(qtype)
+    weights = qt.quantize((rng.standard_normal((n_out, k)) * 0.1).astype(np.float32)).reshape(n_out, -1)
+    w = Weight(f"blk.0.{qtype}.weight", qtype, (k, n_out), weights)
+    for _ in range(2):  # the first call makes the plan, the second uses it
+        x = rng.standard_normal((1, k)).astype(np.float32)
+        want = np.empty((1, n_out), dtype=np.float32)
+        matmul(qt, weights, x, want, MatmulScratch())
+        got = np.empty_like(want)
+        backend.matmul(w, x, got)
+        np.testing.assert_array_equal(bits(got), bits(want))
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    backend.matmul(w, x, got, bias)
+    np.testing.assert_array_equal(bits(got), bits(want + bias))
