@@ -200,9 +200,13 @@ class CPUBackend(Backend):
 
     def _threads_for(self, rows: int, work: int | None = None, limit: int = 0, blas: bool | None = None) -> None:
         """Numba's thread count for an op over `rows` rows. Batches of BLAS_MIN_ROWS rows or more are a
-        prefill, whose matrix products run in BLAS on all the backend's threads; BLAS's workers spin
-        between calls, and parallel Numba kernels in between fight them for the cores (measured on
-        Gemma 3 270M pp512, 2 threads: 272 tok/s with 2-thread kernels, 546 with 1-thread ones).
+        prefill; where the model has matrices whose prefill products run in BLAS (types without
+        multi-row kernels), BLAS has all the backend's threads and its workers spin between calls, so
+        parallel Numba kernels in between would fight them for the cores (measured on Gemma 3 270M
+        pp512, 2 threads, when its products went through BLAS: 272 tok/s with 2-thread kernels, 546
+        with 1-thread ones): those run on one thread. Without such matrices BLAS has one thread (begin_step)
+        and the norms, RoPE and activations of a prefill get the governor's count (Gemma 3 270M pp512,
+        2 threads, seven alternating runs: median +4%).
 
         work: the op's size in elements, for the small ops of a decode step (a norm or activation of one
         row, attention over a short context): under `limit` (default SMALL_OP_WORK) they run on the
@@ -219,7 +223,7 @@ class CPUBackend(Backend):
         gets the governor's count at any size."""
         small = work is not None and work < (limit or SMALL_OP_WORK)
         if blas is None:
-            blas = rows >= BLAS_MIN_ROWS
+            blas = rows >= BLAS_MIN_ROWS and self._matmuls_use_blas
         wanted = 1 if blas or small else self._decode.now()
         # The setting is per calling thread (and others may change it), so it is read back rather than
         # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
