@@ -59,15 +59,18 @@ def test_lengths_that_are_not_a_block_multiple_are_refused(kind, n):
         QuantizedActivation(kind, n)
 
 
+@pytest.mark.parametrize("rows", [7, 40])  # on the calling thread, and in parallel (PARALLEL_QUANTIZE_ROWS)
 @pytest.mark.parametrize("kind", ["q8_0", "q8_k"])
-def test_a_batch_quantizes_each_row_as_the_one_row_quantizer(kind):
+def test_a_batch_quantizes_each_row_as_the_one_row_quantizer(kind, rows):
+    from localllm.backends.cpu.kernels import PARALLEL_QUANTIZE_ROWS
     from localllm.backends.cpu.matmul import BatchActivation
 
+    assert (rows < PARALLEL_QUANTIZE_ROWS) == (rows == 7)
     rng = np.random.default_rng(11)
-    x = rng.standard_normal((7, 1024)).astype(np.float32) * np.logspace(-6, 4, 7, dtype=np.float32)[:, None]
+    x = rng.standard_normal((rows, 1024)).astype(np.float32) * np.logspace(-6, 4, rows, dtype=np.float32)[:, None]
     x[3] = 0.0  # an all-zero row
     x[5, :40] = [1e30, -1e30] * 20
-    batch = BatchActivation(kind, 9, 1024).quantize(x)
-    for t in range(7):
+    batch = BatchActivation(kind, rows + 2, 1024).quantize(x)
+    for t in range(rows):
         for got, want in zip(batch, QuantizedActivation(kind, 1024).quantize(x[t])):
             np.testing.assert_array_equal(got[t], want, err_msg=f"row {t}")
