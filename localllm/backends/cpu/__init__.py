@@ -84,6 +84,7 @@ def _resolve_numba_threads_reader():
 SMALL_OP_WORK = 1 << 16
 SMALL_MATVEC_BYTES = 1 << 16
 SMALL_ATTENTION_WORK = 1 << 18
+PARALLEL_STORE_ROWS = 16  # from this many rows kv_store converts to float16 in a kernel (a prefill's)
 
 
 _blas_threads = None  # the OpenBLAS thread count last set by _limit_blas_threads
@@ -272,8 +273,13 @@ class CPUBackend(Backend):
 
     def kv_store(self, cache_k, cache_v, k, v, start) -> None:
         n = k.shape[0]
-        cache_k[start : start + n] = k  # numpy rounds float32 -> float16 to nearest even, in place
-        cache_v[start : start + n] = v
+        if n < PARALLEL_STORE_ROWS:
+            cache_k[start : start + n] = k  # numpy rounds float32 -> float16 to nearest even, in place
+            cache_v[start : start + n] = v
+            return
+        self._threads_for(n)
+        for src, cache in ((k, cache_k), (v, cache_v)):
+            kernels.store_f16_block(src.reshape(n, *cache.shape[1:]), cache.view(np.uint16), start)
 
     def attention(self, q, cache_k, cache_v, start, scale, window, out) -> None:
         n_tokens, n_head, _ = q.shape

@@ -133,6 +133,17 @@ def quantize_rows_q8_k(x, qs, d, s):
         quantize_q8_k(x[t], qs[t], d[t], s[t])
 
 
+@exact_kernel(parallel=True)
+def store_f16_block(src, dst, start):
+    """dst[start + t] = src[t] rounded to float16 as store_f16_rows rounds, rows in parallel: a prefill's
+    keys or values into the contiguous cache (NumPy's own conversion is scalar: ~0.7 ms a layer for
+    Gemma 3 270M's 512-token prefill, ~2% of it)."""
+    for t in prange(src.shape[0]):
+        for h in range(src.shape[1]):
+            for i in range(src.shape[2]):
+                dst[start + t, h, i] = f32_to_f16_bits(src[t, h, i])
+
+
 @exact_kernel
 def store_f16_rows(src, dst, slots):
     """dst[slots[t]] = src[t] rounded to float16 (nearest even, as NumPy rounds): src float32[T, H, D],
