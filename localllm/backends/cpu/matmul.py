@@ -11,11 +11,16 @@ dozen rows, hence the threshold BLAS_MIN_ROWS between the two.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from ...quant import QuantType
 from ...quant.activation import QK8_0, QK_K, QuantizedActivation
 from ...quant.kquant_rows import ROW_KERNELS
+from ...quant.q4_k_tiles import TILE, TILE_KERNELS
+from ...quant.q4_k_tiles import MIN_ROWS as TILE_MIN_ROWS
+from ...quant.q4_k_tiles import available as tiles_available
 from .drivers import drivers, has_pair_kernels, row_drivers
 from .kernels import quantize_rows_q8_0, quantize_rows_q8_k
 
@@ -98,6 +103,7 @@ class MatmulScratch:
         self._acts: dict[tuple[str, int], QuantizedActivation] = {}
         self._batch_acts: dict[tuple[str, int], BatchActivation] = {}
         self._tile = np.empty(0, dtype=np.float32)
+        self._tail = np.empty(0, dtype=np.float32)
 
     def batch_activation(self, kind: str, rows: int, k: int) -> BatchActivation:
         key = (kind, k)
@@ -112,6 +118,13 @@ class MatmulScratch:
         if act is None:
             act = self._acts[key] = QuantizedActivation(kind, k)
         return act
+
+    def tail(self, rows: int, n: int) -> np.ndarray:
+        """float32[rows, n] for the last weight rows of a tiled product (matmul_rows)."""
+        size = rows * n
+        if self._tail.size < size:
+            self._tail = np.empty(size, dtype=np.float32)
+        return self._tail[:size].reshape(rows, n)
 
     def tile(self, rows: int, k: int) -> np.ndarray:
         if self._tile.size < rows * k:
@@ -163,6 +176,23 @@ def _integer_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.nda
 
 def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
     """out[T, N] = x[T, K] @ W.T, each row exactly as the one-row decode path computes it (integer
-    vec_dot over the quantized activation), the weights streamed once for all T rows."""
+    vec_dot over the quantized activation), the weights streamed once for all T rows: through the type's
+    tile kernel (q4_k_tiles: weight rows as lanes) for batches of TILE_MIN_ROWS rows or more where the
+    target has it fast, else the row kernels."""
     act = scratch.batch_activation(qt.act, x.shape[0], x.shape[1])
-    row_drivers(qt).matvec_rows(weights, out, *act.quantize(x))
+    args = act.quantize(x)
+    tiles = TILE_KERNELS.get(qt.name)
+    n_tiled = weights.shape[0] - weights.shape[0] % TILE
+    if tiles is None or x.shape[0] < TILE_MIN_ROWS or n_tiled == 0 or not _tiles_available():
+        row_drivers(qt).matvec_rows(weights, out, *args)
+        return
+    tiles(weights, out, *args)
+    if n_tiled < weights.shape[0]:  # the last N % 16 rows by the row kernels
+        rest = scratch.tail(x.shape[0], weights.shape[0] - n_tiled)
+        row_drivers(qt).matvec_rows(weights[n_tiled:], rest, *args)
+        out[:, n_tiled:] = rest
+
+
+@lru_cache(maxsize=1)
+def _tiles_available() -> bool:
+    return tiles_available()
