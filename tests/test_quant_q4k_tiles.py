@@ -1,6 +1,6 @@
 """Q4_K's tile kernel (quant/q4_k_tiles.py: weight rows as vector lanes, prefill) against the one-row
 vec_dot, bit for bit: tiles of 16 rows with the last N % 16 rows left to the row kernels (through
-matmul_rows), batches across the kernel's steps (four activation rows at a time, then one; chunks of 64),
+matmul_rows), batches across the kernel's steps (four activation rows at a time, then one; chunks of CHUNK = 256),
 extreme activations and weights, and every VectorCode instruction-set path (uncached copies compiled
 under each VECTOR_ISA, as in test_quant_isa.py)."""
 
@@ -30,7 +30,8 @@ def _weights(rng, n_rows, k):
 def test_tiles_equal_vec_dot_across_the_kernels_steps(k):
     rng = np.random.default_rng(k + 7)
     raw = _weights(rng, 32, k)
-    for n_rows in (1, 3, 4, 5, 16, 19, 63, 64, 65, 70):
+    assert q4_k_tiles.CHUNK == 256  # the batch sizes below cross its boundary
+    for n_rows in (1, 3, 4, 5, 16, 19, 64, 255, 256, 257, 262):
         batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)
         q4_k_tiles.matvec_tiles(raw, out, *batch)
