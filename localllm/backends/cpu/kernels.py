@@ -217,35 +217,37 @@ def _first_key(pos, window):
     return 0
 
 
+@numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+def _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, job):
+    """Query row and head `job` (t * Hq + h) of `attention`, over the contiguous cache seen as block 0
+    of a paged one."""
+    n_head = q.shape[1]
+    t = job // n_head
+    h = job % n_head
+    pos = start + t
+    group = n_head // blocks_k.shape[2]
+    _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, _first_key(pos, window), pos, scale, scores[job], out[t, h])
+
+
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def attention(q, cache_k, cache_v, start, scale, window, out, scores):
     """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D];
     scores float32[T*Hq, n_keys] scratch with n_keys >= start+T."""
-    n_tokens, n_head, head_dim = q.shape
-    group = n_head // cache_k.shape[1]
     one_block = np.zeros(1, dtype=np.int32)  # the whole cache as block 0 of a paged one
     blocks_k = cache_k.reshape((1,) + cache_k.shape)
     blocks_v = cache_v.reshape((1,) + cache_v.shape)
-    for job in prange(n_tokens * n_head):
-        t = job // n_head
-        h = job % n_head
-        pos = start + t
-        _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, _first_key(pos, window), pos, scale, scores[job], out[t, h])
+    for job in prange(q.shape[0] * q.shape[1]):
+        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, job)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
 def attention_serial(q, cache_k, cache_v, start, scale, window, out, scores):
     """`attention` on the calling thread (see rms_norm_serial)."""
-    n_tokens, n_head, head_dim = q.shape
-    group = n_head // cache_k.shape[1]
     one_block = np.zeros(1, dtype=np.int32)
     blocks_k = cache_k.reshape((1,) + cache_k.shape)
     blocks_v = cache_v.reshape((1,) + cache_v.shape)
-    for job in range(n_tokens * n_head):
-        t = job // n_head
-        h = job % n_head
-        pos = start + t
-        _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, _first_key(pos, window), pos, scale, scores[job], out[t, h])
+    for job in range(q.shape[0] * q.shape[1]):
+        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, job)
 
 
 @numba.njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
