@@ -11,8 +11,9 @@ vpdpwssd against the activation's 32-element sums, and the float step is accumul
 exactly what vec_dot computes for its row, so every output equals the one-row kernel's bit for bit.
 Four activation rows share each load of `tile[j]`.
 
-Measured (2026-11-24, Zen 4, one thread, a session script timing this kernel against the row kernels'
-driver on the same matrix and activations, best of 5), ns per (weight row, activation row, super-block):
+Measured (2026-11-24, Zen 4, one thread, a session script timing this kernel, then with chunks of 64,
+against the row kernels' driver on the same matrix and activations, best of 5; chunks of 256 took 7% off
+at T = 512), ns per (weight row, activation row, super-block):
 512 x 4096 at T = 16 / 64 / 512: 2.57 / 1.63-1.74 / 1.84 against 2.84 / 2.80 / 2.95 (1.1x / 1.6-1.7x /
 1.6x); 256 x 14336 at T = 256: 1.86 against 3.17. Below MIN_ROWS the per-chunk unpacking (a 16 x 16
 transpose of 32-bit lanes per 64 positions) is not paid back. A C version of the same loop nest (with a
