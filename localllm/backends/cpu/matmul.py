@@ -18,7 +18,8 @@ import numpy as np
 from ...quant import QuantType
 from ...quant.activation import QK8_0, QK_K, QuantizedActivation
 from ...quant.kquant_rows import ROW_KERNELS
-from ...quant.q4_k_tiles import TILE, TILE_KERNELS
+from ...quant import q4_k_tiles, q6_k_tiles
+from ...quant.q4_k_tiles import TILE
 from ...quant.q4_k_tiles import MIN_ROWS as TILE_MIN_ROWS
 from ...quant.q4_k_tiles import available as tiles_available
 from .drivers import drivers, has_pair_kernels, row_drivers
@@ -174,10 +175,14 @@ def _integer_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.nda
         matmul_rows(qt, weights, x, out, scratch)
 
 
+# The types with a tile kernel (weight rows as vector lanes), by name, as kquant_rows.ROW_KERNELS.
+TILE_KERNELS = {**q4_k_tiles.TILE_KERNELS, **q6_k_tiles.TILE_KERNELS}
+
+
 def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
     """out[T, N] = x[T, K] @ W.T, each row exactly as the one-row decode path computes it (integer
     vec_dot over the quantized activation), the weights streamed once for all T rows: through the type's
-    tile kernel (q4_k_tiles: weight rows as lanes) for batches of TILE_MIN_ROWS rows or more where the
+    tile kernel (q4_k_tiles, q6_k_tiles: weight rows as lanes) for batches of TILE_MIN_ROWS rows or more where the
     target has it fast, else the row kernels."""
     act = scratch.batch_activation(qt.act, x.shape[0], x.shape[1])
     args = act.quantize(x)

@@ -1,5 +1,5 @@
-"""Q4_K's tile kernel (quant/q4_k_tiles.py: weight rows as vector lanes, prefill) against the one-row
-vec_dot, bit for bit: tiles of 16 rows with the last N % 16 rows left to the row kernels (through
+"""The tile kernels (quant/q4_k_tiles.py, q6_k_tiles.py: weight rows as vector lanes, prefill) against the
+one-row vec_dot, bit for bit: tiles of 16 rows with the last N % 16 rows left to the row kernels (through
 matmul_rows), batches across the kernel's steps (four activation rows at a time, then one; chunks of CHUNK = 256),
 extreme activations and weights, and every VectorCode instruction-set path (uncached copies compiled
 under each VECTOR_ISA, as in test_quant_isa.py)."""
@@ -13,42 +13,51 @@ from test_quant import bits, random_rows
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
-from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
-from localllm.quant import q4_k_tiles, vector
+from localllm.backends.cpu.matmul import TILE_KERNELS, BatchActivation, MatmulScratch, matmul_rows
+from localllm.quant import q4_k_tiles, q6_k_tiles, vector
 
-QT = quant.get("Q4_K")
+MODULES = {"Q4_K": q4_k_tiles, "Q6_K": q6_k_tiles}
+TYPES = sorted(MODULES)
 
 
-def _weights(rng, n_rows, k):
+def _weights(name, rng, n_rows, k):
     """Every byte pattern and special scale (random_rows), then ordinary rows."""
-    special = random_rows("Q4_K", min(n_rows, 13), k, rng)
-    ordinary = QT.quantize(rng.normal(0, 0.05, (n_rows - special.shape[0], k)).astype(np.float32)).reshape(-1, special.shape[1])
-    return np.concatenate([special, ordinary])
+    special = random_rows(name, min(n_rows, 13), k, rng)
+    ordinary = quant.get(name).quantize(rng.normal(0, 0.05, (n_rows - special.shape[0], k)).astype(np.float32))
+    return np.concatenate([special, ordinary.reshape(-1, special.shape[1])])
 
 
+def test_every_tile_kernel_is_dispatched():
+    assert {name: kernel for name, kernel in TILE_KERNELS.items()} == {name: m.matvec_tiles for name, m in MODULES.items()}
+
+
+@pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("k", [256, 2048, 4608])
-def test_tiles_equal_vec_dot_across_the_kernels_steps(k):
+def test_tiles_equal_vec_dot_across_the_kernels_steps(name, k):
+    QT = quant.get(name)
     rng = np.random.default_rng(k + 7)
-    raw = _weights(rng, 32, k)
-    assert q4_k_tiles.CHUNK == 256  # the batch sizes below cross its boundary
+    raw = _weights(name, rng, 32, k)
+    assert MODULES[name].CHUNK == 256  # the batch sizes below cross its boundary
     for n_rows in (1, 3, 4, 5, 16, 19, 64, 255, 256, 257, 262):
         batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)
-        q4_k_tiles.matvec_tiles(raw, out, *batch)
-        np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"K={k} T={n_rows}")
+        MODULES[name].matvec_tiles(raw, out, *batch)
+        np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"{name} K={k} T={n_rows}")
 
 
+@pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("n_weights", [16, 21, 47])
-def test_matmul_rows_takes_tiles_and_the_rest_by_rows(n_weights):
+def test_matmul_rows_takes_tiles_and_the_rest_by_rows(name, n_weights):
+    QT = quant.get(name)
     rng = np.random.default_rng(n_weights)
     k = 1024
-    raw = _weights(rng, n_weights, k)
+    raw = _weights(name, rng, n_weights, k)
     for n_rows in (q4_k_tiles.MIN_ROWS - 1, q4_k_tiles.MIN_ROWS, 37):
         x = _activations(rng, n_rows, k, 1.0)
         batch = BatchActivation(QT.act, n_rows, k).quantize(x)
         out = np.full((n_rows, n_weights), np.nan, dtype=np.float32)
         matmul_rows(QT, raw, x, out, MatmulScratch())
-        np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"N={n_weights} T={n_rows}")
+        np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"{name} N={n_weights} T={n_rows}")
 
 
 def test_tiles_are_used_where_available():
@@ -58,24 +67,25 @@ def test_tiles_are_used_where_available():
 
     features = set(cpu_target.target_context.codegen()._tm_features.split(","))
     assert q4_k_tiles.available() == ({"+avx512f", "+avx512bw", "+avx512vnni"} <= features)
-    assert q4_k_tiles.TILE_KERNELS["Q4_K"] is q4_k_tiles.matvec_tiles
 
 
-def test_tiles_equal_vec_dot_on_every_isa():
+@pytest.mark.parametrize("name", TYPES)
+def test_tiles_equal_vec_dot_on_every_isa(name):
+    QT = quant.get(name)
     rng = np.random.default_rng(41)
     k = 512
-    raw = _weights(rng, 21, k)
+    raw = _weights(name, rng, 21, k)
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (5, 16, 66)]
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
         for isa in vector.VECTOR_ISAS:
             vector.VECTOR_ISA = isa
-            tiles = numba.njit(parallel=True, error_model="numpy")(q4_k_tiles.matvec_tiles.py_func)  # compiled now, for isa
+            tiles = numba.njit(parallel=True, error_model="numpy")(MODULES[name].matvec_tiles.py_func)  # compiled now, for isa
             for batch, want in zip(batches, expected):
                 n_rows = batch[0].shape[0]
                 out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)
                 tiles(raw, out, *batch)
-                np.testing.assert_array_equal(bits(out[:, :16]), bits(want[:, :16]), err_msg=f"{isa} T={n_rows}")
+                np.testing.assert_array_equal(bits(out[:, :16]), bits(want[:, :16]), err_msg=f"{name} {isa} T={n_rows}")
     finally:
         vector.VECTOR_ISA = saved
