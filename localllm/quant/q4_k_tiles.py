@@ -111,6 +111,44 @@ def sub_block_sum_pairs(asum, out):
             out[t, g] = (low & 0xFFFF) | (high << 16)
 
 
+def group_sums(v: VectorCode, tile_type, tile, scales_type, scales, aqs_type, aqs, t, b, rows: int, quads_per_group: int):
+    """For activation rows t..t+rows-1 (aqs int8[T, K]) and super-block b: per row, sum over the groups
+    of the block of scale_g (scales int32[n_groups, 16]) times the group's products with the tile's
+    16 rows (quads_per_group vpdpbusd each, the activation's four bytes broadcast): <16 x i32> per row.
+    Each tile vector is loaded once for the `rows` activation rows."""
+    builder = v.builder
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    act_rows = [v.row_pointer(aqs_type, aqs, builder.add(t, i64(u))) for u in range(rows)]
+    block_start = builder.mul(b, i64(BLOCK))
+
+    def act_quad(u, position):
+        pointer = builder.gep(act_rows[u], [builder.add(block_start, i64(position))])
+        word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
+        return v.bitcast(v.splat(word, 16), 64, 8)
+
+    scaled = [None] * rows
+    for g in range(64 // quads_per_group):
+        sums = [None] * rows
+        for j in range(quads_per_group):
+            quad = quads_per_group * g + j
+            quads = v.load(tile_type, tile, i64(64 * quad), 64)
+            for u in range(rows):
+                sums[u] = _dot_quads_512(v, sums[u], quads, act_quad(u, 4 * quad))
+        scale = v.load(scales_type, scales, i64(16 * g), 16)
+        for u in range(rows):
+            scaled[u] = v.add(scaled[u], builder.mul(sums[u], scale))
+    return scaled
+
+
+def fma_into_row(v: VectorCode, acc_type, acc, row, a, b):
+    """acc[row] (16 floats) = fma(a, b, acc[row]), <16 x float> a and b: a float step on 16 lanes."""
+    builder = v.builder
+    f32x16 = ir.VectorType(ir.FloatType(), 16)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+    pointer = builder.bitcast(v.row_pointer(acc_type, acc, row), f32x16.as_pointer())
+    builder.store(builder.call(fma, [a, b, builder.load(pointer, align=4)]), pointer, align=4)
+
+
 def _tile_dots(rows: int):
     @intrinsic
     def tile_dots(typingctx, tile, scales, mins, d, dmin, aqs, ad, pairs, acc, t, a, b):
@@ -122,29 +160,10 @@ def _tile_dots(rows: int):
             tile_, scales_, mins_, d_, dmin_, aqs_, ad_, pairs_, acc_, t_, a_, b_ = args
             st = signature.args
             v = VectorCode(context, builder)
-            i32, i64 = ir.IntType(32), ir.IntType(64)
+            i64 = ir.IntType(64)
             f32x16 = ir.VectorType(ir.FloatType(), 16)
-            t_ = v.resize(t_, 64)
-            a_ = v.resize(a_, 64)
-            b_ = v.resize(b_, 64)
-            act_rows = [v.row_pointer(st[5], aqs_, builder.add(t_, i64(u))) for u in range(rows)]
-            block_start = builder.mul(b_, i64(BLOCK))
-
-            def act_quad(u, position):
-                pointer = builder.gep(act_rows[u], [builder.add(block_start, i64(position))])
-                word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
-                return v.bitcast(v.splat(word, 16), 64, 8)
-
-            scaled = [None] * rows
-            for k in range(N_SUB):
-                sums = [None] * rows
-                for j in range(8):
-                    quads = v.load(st[0], tile_, i64(64 * (8 * k + j)), 64)
-                    for u in range(rows):
-                        sums[u] = _dot_quads_512(v, sums[u], quads, act_quad(u, 32 * k + 4 * j))
-                scale = v.load(st[1], scales_, i64(16 * k), 16)
-                for u in range(rows):
-                    scaled[u] = v.add(scaled[u], builder.mul(sums[u], scale))
+            t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
+            scaled = group_sums(v, st[0], tile_, st[1], scales_, st[5], aqs_, t_, b_, rows, 8)
             d_vec = v.load(st[3], d_, i64(0), 16)
             dmin_vec = v.load(st[4], dmin_, i64(0), 16)
             min_pairs = [v.load(st[2], mins_, i64(16 * k), 16) for k in range(4)]
@@ -159,12 +178,8 @@ def _tile_dots(rows: int):
                 # accumulate's float step, lane by lane (no fast-math flags: each operation rounded as written)
                 mins_term = builder.fmul(dmin_vec, builder.sitofp(mins_sum, f32x16), flags=("arcp",))
                 step = builder.call(fma, [d_vec, builder.sitofp(scaled[u], f32x16), builder.fneg(mins_term, flags=("arcp",))])
-                ad_row = v.row_pointer(st[6], ad_, row)
-                a_scale = v.splat(builder.load(builder.gep(ad_row, [b_])), 16)
-                acc_row = v.row_pointer(st[8], acc_, builder.add(a_, i64(u)))
-                acc_pointer = builder.bitcast(acc_row, f32x16.as_pointer())
-                total = builder.call(fma, [a_scale, step, builder.load(acc_pointer, align=4)])
-                builder.store(total, acc_pointer, align=4)
+                a_scale = v.splat(builder.load(builder.gep(v.row_pointer(st[6], ad_, row), [b_])), 16)
+                fma_into_row(v, st[8], acc_, builder.add(a_, i64(u)), a_scale, step)
             return context.get_dummy_value()
 
         return sig, codegen

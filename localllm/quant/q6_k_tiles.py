@@ -13,12 +13,11 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .jit import exact_kernel, read_f16
-from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512, _dot_word_pairs_512, _transpose16
-from .q6_k import BLOCK, BLOCK_BYTES
+from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums
+from .q6_k import BLOCK_BYTES
 from .vector import VectorCode
 
 _QL, _QH, _SCALES, _D = 0, 128, 192, 208
@@ -93,30 +92,12 @@ def _tile_dots(rows: int):
             tile_, scales_, spairs_, d_, aqs_, ad_, pairs_, acc_, t_, a_, b_ = args
             st = signature.args
             v = VectorCode(context, builder)
-            i32, i64 = ir.IntType(32), ir.IntType(64)
+            i64 = ir.IntType(64)
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
-            act_rows = [v.row_pointer(st[4], aqs_, builder.add(t_, i64(u))) for u in range(rows)]
-            block_start = builder.mul(b_, i64(BLOCK))
-
-            def act_quad(u, position):
-                pointer = builder.gep(act_rows[u], [builder.add(block_start, i64(position))])
-                word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
-                return v.bitcast(v.splat(word, 16), 64, 8)
-
-            scaled = [None] * rows
-            for g in range(N_GROUPS):
-                sums = [None] * rows
-                for j in range(4):
-                    quads = v.load(st[0], tile_, i64(64 * (4 * g + j)), 64)
-                    for u in range(rows):
-                        sums[u] = _dot_quads_512(v, sums[u], quads, act_quad(u, 16 * g + 4 * j))
-                scale = v.load(st[1], scales_, i64(16 * g), 16)
-                for u in range(rows):
-                    scaled[u] = v.add(scaled[u], builder.mul(sums[u], scale))
+            scaled = group_sums(v, st[0], tile_, st[1], scales_, st[4], aqs_, t_, b_, rows, 4)
             d_vec = v.load(st[3], d_, i64(0), 16)
             scale_pairs = [v.load(st[2], spairs_, i64(16 * k), 16) for k in range(N_GROUPS // 2)]
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
             for u in range(rows):
                 row = builder.add(t_, i64(u))
                 pair_row = v.row_pointer(st[6], pairs_, row)
@@ -125,14 +106,10 @@ def _tile_dots(rows: int):
                     sums = builder.load(builder.gep(pair_row, [builder.add(builder.mul(b_, i64(8)), i64(k))]))
                     offsets = _dot_word_pairs_512(v, offsets, scale_pairs[k], v.splat(sums, 16))
                 total = builder.sub(scaled[u], v.shl(offsets, 5))
-                ad_row = v.row_pointer(st[5], ad_, row)
-                a_scale = v.splat(builder.load(builder.gep(ad_row, [b_])), 16)
+                a_scale = v.splat(builder.load(builder.gep(v.row_pointer(st[5], ad_, row), [b_])), 16)
                 # accumulate's float step, lane by lane: the product ad * d rounded, then one fma
                 step_scale = builder.fmul(a_scale, d_vec, flags=("arcp",))
-                acc_row = v.row_pointer(st[7], acc_, builder.add(a_, i64(u)))
-                acc_pointer = builder.bitcast(acc_row, f32x16.as_pointer())
-                result = builder.call(fma, [step_scale, builder.sitofp(total, f32x16), builder.load(acc_pointer, align=4)])
-                builder.store(result, acc_pointer, align=4)
+                fma_into_row(v, st[7], acc_, builder.add(a_, i64(u)), step_scale, builder.sitofp(total, f32x16))
             return context.get_dummy_value()
 
         return sig, codegen
