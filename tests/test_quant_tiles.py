@@ -27,10 +27,6 @@ def _weights(name, rng, n_rows, k):
     return np.concatenate([special, ordinary.reshape(-1, special.shape[1])])
 
 
-def test_every_tile_kernel_is_dispatched():
-    assert {name: kernel for name, kernel in TILE_KERNELS.items()} == {name: m.matvec_tiles for name, m in MODULES.items()}
-
-
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("k", [256, 2048, 4608])
 def test_tiles_equal_vec_dot_across_the_kernels_steps(name, k):
@@ -60,13 +56,22 @@ def test_matmul_rows_takes_tiles_and_the_rest_by_rows(name, n_weights):
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"{name} N={n_weights} T={n_rows}")
 
 
-def test_tiles_are_used_where_available():
-    # On this project's machines (AVX-512 VNNI) the dispatch must take the tiles, or the speed is lost
-    # silently; elsewhere the row kernels answer (same bits either way).
-    from numba.core.registry import cpu_target
-
-    features = set(cpu_target.target_context.codegen()._tm_features.split(","))
-    assert q4_k_tiles.available() == ({"+avx512f", "+avx512bw", "+avx512vnni"} <= features)
+@pytest.mark.parametrize("name", TYPES)
+def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, monkeypatch):
+    # Same bits either way, so only a spy shows whether the dispatch took the tiles: where the target
+    # has them, a batch of MIN_ROWS rows must (or the speed is lost silently), one row fewer must not.
+    calls = []
+    kernel = MODULES[name].matvec_tiles
+    monkeypatch.setitem(TILE_KERNELS, name, lambda *args: calls.append(args[1].shape[0]) or kernel(*args))
+    QT = quant.get(name)
+    rng = np.random.default_rng(5)
+    raw = _weights(name, rng, 32, 512)
+    for n_rows in (q4_k_tiles.MIN_ROWS - 1, q4_k_tiles.MIN_ROWS):
+        x = _activations(rng, n_rows, 512, 1.0)
+        out = np.empty((n_rows, 32), dtype=np.float32)
+        matmul_rows(QT, raw, x, out, MatmulScratch())
+        np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 512).quantize(x))))
+    assert calls == ([q4_k_tiles.MIN_ROWS] if q4_k_tiles.available() else [])
 
 
 @pytest.mark.parametrize("name", TYPES)
