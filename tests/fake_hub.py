@@ -14,7 +14,7 @@ hf_api.py, file_download.py and utils/_http.py):
 Failure switches, each taken by the next file transfer(s) in the order set: `drop_after(n)` (n body bytes,
 then the connection is cut, as a dropped link does), `stall_after(n)` (n bytes, then it hangs until
 `release()`), `fail_with(status)` (an HTTP error instead of the bytes); and `gate(repo, token)`.
-`bytes_served` counts file bytes sent from /cdn/ (not JSON or headers).
+`bytes_served` counts file bytes sent from /cdn/ (not JSON or headers), counted as they are handed to the socket.
 """
 
 from __future__ import annotations
@@ -234,13 +234,15 @@ class _HubHandler(BaseHTTPRequestHandler):
         if not body:
             return
         cut = fault[1] if fault is not None else None
+        # Count before writing: the client can read the last byte, finish and let the test read
+        # bytes_served before this thread runs again (a race CI hit with count-after-write).
         if cut is None or cut >= len(payload):
-            self.wfile.write(payload)
             self.fake._count(len(payload))
+            self.wfile.write(payload)
             return
+        self.fake._count(cut)
         self.wfile.write(payload[:cut])
         self.wfile.flush()
-        self.fake._count(cut)
         if fault[0] == "stall":
             self.fake.stalled.set()
             self.fake._released.wait(timeout=30)
