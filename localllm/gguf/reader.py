@@ -19,6 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Optional
@@ -145,6 +146,37 @@ class _Cursor:
             self.fail(field, f"unknown metadata value type {code}", start)
 
 
+# The readers' file mappings -> the address of their first byte (release_pages uses only these: the
+# same advice on anonymous memory would zero it).
+_FILE_MAPPINGS: "weakref.WeakKeyDictionary[mmap.mmap, int]" = weakref.WeakKeyDictionary()
+
+
+def release_pages(view: np.ndarray) -> bool:
+    """Drop this process's resident pages under `view`, a contiguous tensor view into a GGUFReader's
+    mapping (madvise DONTNEED on the whole pages inside it): for a weight whose bytes were copied into
+    another layout (the CPU backend's re-laid Q4_K rows), so that the copy does not count twice in the
+    process's memory. The file stays mapped and in the page cache; a later read of the view faults its
+    pages back in, unchanged. Returns False, doing nothing, for any other memory."""
+    owner = view
+    while isinstance(owner, np.ndarray):
+        owner = owner.base
+    if isinstance(owner, memoryview):
+        owner = owner.obj
+    start = _FILE_MAPPINGS.get(owner) if isinstance(owner, mmap.mmap) else None
+    advice = getattr(mmap, "MADV_DONTNEED", None)
+    if start is None or advice is None or not view.flags.c_contiguous:
+        return False
+    first = view.ctypes.data - start
+    page = mmap.PAGESIZE
+    low, high = -(-first // page) * page, (first + view.nbytes) // page * page
+    if high > low:
+        try:
+            owner.madvise(advice, low, high - low)
+        except (OSError, ValueError):
+            return False
+    return True
+
+
 class GGUFReader:
     """A validated, memory-mapped GGUF file.
 
@@ -164,6 +196,7 @@ class GGUFReader:
         except OSError as exc:
             raise GGUFError(self.path, "file", None, f"cannot open: {exc.strerror or exc}") from None
         self._buffer = np.frombuffer(self._mmap, dtype=np.uint8)
+        _FILE_MAPPINGS[self._mmap] = self._buffer.ctypes.data
         self.metadata: dict[str, Any] = {}
         self.value_types: dict[str, tuple[ValueType, Optional[ValueType]]] = {}
         self.tensors: dict[str, TensorInfo] = {}

@@ -16,6 +16,7 @@ from .matmul import (
     BLAS_MIN_ROWS,
     INTEGER_ALWAYS,
     MatmulScratch,
+    PackedWeights,
     blas_min_rows,
     gather_rows_kernel,
     matmul,
@@ -107,8 +108,12 @@ def _limit_blas_threads(n: int) -> None:
 class CPUBackend(Backend):
     name = "cpu"
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, repack: bool | None = None):
         self.threads = threads or physical_cores()
+        # Re-lay Q4_K matrices 16 rows at a time at their first product (matmul.PackedWeights), as
+        # llama.cpp repacks; LOCALLLM_REPACK=0 keeps every weight in the file's layout.
+        self.repack = os.environ.get("LOCALLLM_REPACK", "1") != "0" if repack is None else repack
+        self._layouts: dict[int, tuple] = {}  # id(weight) -> (weight, its PackedWeights or its data)
         if self.threads < 1:
             raise LocalLLMError(f"threads must be >= 1, got {self.threads}")
         self._numba_threads = min(self.threads, numba.config.NUMBA_NUM_THREADS)
@@ -161,7 +166,7 @@ class CPUBackend(Backend):
             qt = quant.get(w.qtype)
             rows = x.shape[0]
             self._threads_for(rows, rows * w.data.nbytes, SMALL_MATVEC_BYTES, blas=rows >= blas_min_rows(qt))
-            matmul(qt, w.data, x, out, self.scratch)
+            matmul(qt, self._layout_of(w), x, out, self.scratch)
         if bias is not None:
             out += bias
 
@@ -173,26 +178,42 @@ class CPUBackend(Backend):
         if plan is None:
             qt = quant.get(w.qtype)
             small = w.data.nbytes < SMALL_MATVEC_BYTES
+            layout = self._layout_of(w)
+            packed = layout if isinstance(layout, PackedWeights) else None
             # the plan holds w, so its id cannot be reused by another weight while the entry lives
-            plan = self._matvec_plans[id(w)] = (w, matvec_kernel(qt), self.scratch.activation(qt.act, x.shape[1]), small)
-        _, kernel, activation, small = plan
+            plan = self._matvec_plans[id(w)] = (w, matvec_kernel(qt), self.scratch.activation(qt.act, x.shape[1]), small, packed)
+        _, kernel, activation, small, packed = plan
         wanted = 1 if small else self._decode.now()
         if _numba_threads_now() != wanted:
             numba.set_num_threads(wanted)
+        if packed is not None:
+            packed.matmul(x, out, self.scratch, wanted)
+            return
         kernel(w.data, out[0], *activation.quantize(x[0]))
+
+    def _layout_of(self, w: Weight):
+        """What the matrix products read for w: its re-laid rows (PackedWeights, made at the first
+        product, when the backend repacks and the type and target gain from it), else the mapped bytes."""
+        entry = self._layouts.get(id(w))
+        if entry is None:
+            data = w.data
+            if self.repack and quant.is_supported(w.qtype) and PackedWeights.suits(quant.get(w.qtype), data):
+                data = PackedWeights(quant.get(w.qtype), data)
+            entry = self._layouts[id(w)] = (w, data)  # holds w: its id is not reused while the entry lives
+        return entry[1]
 
     def matmul_segments(self, w: Weight, x, out, bounds, bias=None) -> None:
         qt = quant.get(w.qtype)
         longest = int(max(b - a for a, b in zip(bounds[:-1], bounds[1:])))
         self._threads_for(x.shape[0], blas=longest >= blas_min_rows(qt))
-        matmul_segments(qt, w.data, x, out, bounds, self.scratch)
+        matmul_segments(qt, self._layout_of(w), x, out, bounds, self.scratch)
         if bias is not None:
             out += bias
 
     def matmul_rows(self, w: Weight, x, out, bias=None) -> None:
         qt = quant.get(w.qtype)
         self._threads_for(1)  # the decode path's thread count, whatever the number of rows
-        matmul_rows(qt, w.data, x, out, self.scratch)
+        matmul_rows(qt, self._layout_of(w), x, out, self.scratch)
         if bias is not None:
             out += bias
 

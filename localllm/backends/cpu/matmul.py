@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numba
 import numpy as np
 
 from ...quant import QuantType
 from ...quant.activation import QK8_0, QK_K, QuantizedActivation
 from ...quant.kquant_rows import ROW_KERNELS
-from ...quant import q4_k_tiles, q6_k_tiles
+from ...gguf.reader import release_pages
+from ...quant import q4_k_tiles, q4_k_x16, q6_k_tiles
 from ...quant.q4_k_tiles import TILE
 from ...quant.q4_k_tiles import MIN_ROWS as TILE_MIN_ROWS
 from ...quant.q4_k_tiles import available as tiles_available
@@ -169,7 +171,9 @@ def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.n
 
 
 def _integer_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
-    if x.shape[0] == 1:
+    if isinstance(weights, PackedWeights):
+        weights.matmul(x, out, scratch, numba.get_num_threads())
+    elif x.shape[0] == 1:
         matvec_kernel(qt)(weights, out[0], *scratch.activation(qt.act, x.shape[1]).quantize(x[0]))
     else:
         matmul_rows(qt, weights, x, out, scratch)
@@ -184,6 +188,9 @@ def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarr
     vec_dot over the quantized activation), the weights streamed once for all T rows: through the type's
     tile kernel (q4_k_tiles, q6_k_tiles: weight rows as lanes) for batches of TILE_MIN_ROWS rows or more where the
     target has it fast, else the row kernels."""
+    if isinstance(weights, PackedWeights):
+        weights.matmul(x, out, scratch, numba.get_num_threads())
+        return
     act = scratch.batch_activation(qt.act, x.shape[0], x.shape[1])
     args = act.quantize(x)
     tiles = TILE_KERNELS.get(qt.name)
@@ -201,3 +208,47 @@ def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarr
 @lru_cache(maxsize=1)
 def _tiles_available() -> bool:
     return tiles_available()
+
+
+# The types whose rows can be re-laid 16 at a time for the lane kernels at every batch size (decode too).
+PACKED_KERNELS = {"Q4_K": q4_k_x16}
+
+
+class PackedWeights:
+    """A matrix whose first N - N % 16 rows are re-laid for a lane kernel (q4_k_x16: each record the
+    transpose of 16 rows' super-block), the last rows left as they are, for the row kernels. Products
+    equal the row kernels' bit for bit at every batch size, so a model computes the same with or
+    without it.
+
+    Made once per weight, at its first product (CPUBackend._layout_of); the mapped file's pages under
+    the re-laid rows are then released (gguf.reader.release_pages), so the process holds the weight's
+    bytes once, as llama.cpp does with its repacked CPU buffers."""
+
+    def __init__(self, qt: QuantType, weights: np.ndarray):
+        module = PACKED_KERNELS[qt.name]
+        self.qt = qt
+        self.shape = weights.shape
+        self.nbytes = weights.nbytes
+        self.n_blocks = weights.shape[1] // qt.type_size
+        self.n_packed = weights.shape[0] - weights.shape[0] % TILE
+        self.kernel = module.matvec_packed
+        self.packed = module.pack(weights)
+        self.tail = weights[self.n_packed :]
+        release_pages(weights[: self.n_packed])
+
+    @staticmethod
+    def suits(qt: QuantType, weights: np.ndarray) -> bool:
+        """Whether a weight gains from the layout: a type with a packed kernel, on a target where the
+        lane kernels are fast (AVX-512 VNNI), with at least one tile of rows."""
+        return qt.name in PACKED_KERNELS and weights.ndim == 2 and weights.shape[0] >= TILE and _tiles_available()
+
+    def matmul(self, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch, threads: int) -> None:
+        """out[T, N] = x[T, K] @ W.T, each row as the one-row kernel computes it; `threads`: Numba's
+        current thread count (the kernel splits the tiles in that many runs)."""
+        rows = x.shape[0]
+        args = scratch.batch_activation(self.qt.act, rows, x.shape[1]).quantize(x)
+        self.kernel(self.packed, self.n_blocks, threads, out, *args)
+        if self.tail.shape[0]:
+            rest = scratch.tail(rows, self.tail.shape[0])
+            row_drivers(self.qt).matvec_rows(self.tail, rest, *args)
+            out[:, self.n_packed :] = rest

@@ -1,0 +1,189 @@
+"""Q4_K weights re-laid 16 rows at a time, for products with the weight rows as vector lanes at any
+number of activation rows (decode included), on AVX-512 VNNI targets.
+
+The tile kernels (q4_k_tiles) transpose 16 weight rows per product, which only pays back over many
+activation rows; a decode step reads each weight once. Here the transpose is done once, when a weight
+is first multiplied (CPUBackend), into `packed`: for each tile of 16 rows and super-block b, a record
+of 576 32-bit words where word 16 * s + i is word s of row i's 144-byte block (s = 0: d and dmin as two
+float16; s = 1..3: the 12 packed scale bytes; s = 4..35: the quants, 4 bytes = 8 nibbles each). So a
+record is the transpose of a 16 x 36 word matrix: the same bytes, nothing widened, the same size as
+the rows (llama.cpp repacks its Q4_K weights likewise, 8 rows per group, ggml's "CPU_REPACK" buffers).
+
+One 64-byte load then holds four quant bytes of each of 16 rows; its low nibbles are sub-block 2c's
+positions 4q..4q+3, its high nibbles sub-block 2c + 1's, so two vpdpbusd against broadcast activation
+bytes add to 16 rows at once (lane i = row i). The scales and mins are unpacked on 16 lanes (ggml's
+kmask trick on each lane's three words), the mins go through vpdpwssd against the activation's
+32-element sums, and the float step is q4_k.accumulate's (fma(ad, fma(d, scaled, -(dmin * mins)),
+acc)) on 16 lanes: each lane computes exactly what q4_k.vec_dot computes for its row, so every output
+equals the one-row kernel's bit for bit, at every number of activation rows.
+
+Per 16 rows and super-block this is ~200 vector instructions where the one-row kernel spends ~50 per
+row (the per-block horizontal sums and the scalar float step): decode becomes bound by memory rather
+than by the Q4_K kernel's arithmetic. Measured in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .jit import exact_kernel
+from .q4_k import BLOCK, BLOCK_BYTES
+from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, _dot_word_pairs_512, fma_into_row, sub_block_sum_pairs
+from .vector import PREFETCH_BYTES, VectorCode
+
+WORDS = BLOCK_BYTES // 4  # 36 words per row and super-block
+RECORD_WORDS = WORDS * TILE  # 576: one tile's super-block
+_SCALE_WORDS, _QUANT_WORDS = 1, 4  # word s of a row's block: 0 d|dmin, 1..3 scales, 4..35 quants
+ROWS = 4  # activation rows sharing each quant load (as q4_k_tiles.ROWS)
+PREFETCH = True  # ask for each record's lines PREFETCH_BYTES ahead (as the one-row kernel does)
+
+
+@exact_kernel(parallel=True)
+def interleave(weights, packed):
+    """weights uint32[N, nb * 36] (Q4_K rows as words) -> packed uint32[N // 16 * nb, 576]: record
+    tile * nb + b holds, at word 16 * s + i, word s of row 16 * tile + i's super-block b."""
+    n_blocks = weights.shape[1] // WORDS
+    for tile in prange(packed.shape[0] // n_blocks):
+        for b in range(n_blocks):
+            record = packed[tile * n_blocks + b]
+            for i in range(TILE):
+                row = weights[tile * TILE + i]
+                for s in range(WORDS):
+                    record[TILE * s + i] = row[b * WORDS + s]
+
+
+def pack(weights: np.ndarray) -> np.ndarray:
+    """uint8[N, nb * 144] Q4_K rows -> the records of their first N - N % 16 rows (interleave)."""
+    n_tiles = weights.shape[0] // TILE
+    n_blocks = weights.shape[1] // BLOCK_BYTES
+    packed = np.empty((n_tiles * n_blocks, RECORD_WORDS), dtype=np.uint32)
+    interleave(np.ascontiguousarray(weights[: n_tiles * TILE]).view(np.uint32), packed)
+    return packed
+
+
+def _unpacked_codes(v: VectorCode, record):
+    """The record's scales and mins on 16 lanes: ([scale_k as <16 x i32> for k < 8], [mins of
+    sub-blocks 2k and 2k + 1 as the low and high int16 of each lane, for k < 4]): ggml's kmask
+    unpacking (q4_k.scale_min_words) applied to each lane's three words."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    low, mid, high = (v.load(None, record, i64(TILE * (_SCALE_WORDS + w)), TILE) for w in range(3))
+    scales_0_3 = v.and_(low, 0x3F3F3F3F)
+    scales_4_7 = v.or_(v.and_(high, 0x0F0F0F0F), v.shl(v.and_(v.shr(low, 6), 0x03030303), 4))
+    mins_0_3 = v.and_(mid, 0x3F3F3F3F)
+    mins_4_7 = v.or_(v.and_(v.shr(high, 4), 0x0F0F0F0F), v.shl(v.and_(v.shr(mid, 6), 0x03030303), 4))
+    scales = []
+    for k in range(8):
+        word = scales_0_3 if k < 4 else scales_4_7
+        scales.append(v.and_(v.shr(word, 8 * (k % 4)), 0xFF))
+    min_pairs = []
+    for k in range(4):
+        word = mins_0_3 if k < 2 else mins_4_7
+        first = 16 * (k % 2)  # bit offset of min 2k's byte in its word
+        low_min = v.and_(v.shr(word, first), 0xFF)
+        high_min = v.and_(v.shr(word, first + 8), 0xFF)
+        min_pairs.append(v.or_(low_min, v.shl(high_min, 16)))
+    return scales, min_pairs
+
+
+def _record_dots(rows: int):
+    @intrinsic
+    def record_dots(typingctx, packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a):
+        """For activation rows t..t+rows-1 and super-block b of the tile: acc[a + u] (16 floats, the
+        tile's rows) takes the block's step, as q4_k.accumulate takes it for each row."""
+        sig = types.void(packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a)
+
+        def codegen(context, builder, signature, args):
+            packed_, n_blocks_, tile_, b_, aqs_, ad_, pairs_, acc_, t_, a_ = args
+            st = signature.args
+            v = VectorCode(context, builder)
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            f32x16 = ir.VectorType(ir.FloatType(), 16)
+            t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
+            record = v.row_pointer(st[0], packed_, builder.add(builder.mul(v.resize(tile_, 64), v.resize(n_blocks_, 64)), b_))
+            if PREFETCH:
+                as_bytes = builder.bitcast(record, ir.IntType(8).as_pointer())
+                for line in range(0, 4 * RECORD_WORDS, 64):
+                    v.prefetch(None, as_bytes, i64(line), PREFETCH_BYTES)
+            scales, min_pairs = _unpacked_codes(v, record)
+            act_rows = [v.row_pointer(st[4], aqs_, builder.add(t_, i64(u))) for u in range(rows)]
+            block_start = builder.mul(b_, i64(BLOCK))
+
+            def act_quad(u, position):
+                pointer = builder.gep(act_rows[u], [builder.add(block_start, i64(position))])
+                word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
+                return v.bitcast(v.splat(word, 16), 64, 8)
+
+            scaled = [None] * rows
+            for c in range(4):  # 32 quant bytes per row: sub-blocks 2c (low nibbles) and 2c + 1 (high)
+                low_sums, high_sums = [None] * rows, [None] * rows
+                for q in range(8):
+                    word_at = TILE * (_QUANT_WORDS + 8 * c + q)
+                    quads = v.bitcast(v.load(None, record, i64(word_at), TILE), 64, 8)
+                    low, high = v.and_(quads, 0x0F), v.and_(v.shr(quads, 4), 0x0F)
+                    for u in range(rows):
+                        low_sums[u] = _dot_quads_512(v, low_sums[u], low, act_quad(u, 64 * c + 4 * q))
+                        high_sums[u] = _dot_quads_512(v, high_sums[u], high, act_quad(u, 64 * c + 32 + 4 * q))
+                for u in range(rows):
+                    part = builder.add(builder.mul(low_sums[u], scales[2 * c]), builder.mul(high_sums[u], scales[2 * c + 1]))
+                    scaled[u] = v.add(scaled[u], part)
+            halves = builder.bitcast(v.load(None, record, i64(0), TILE), ir.VectorType(ir.HalfType(), 2 * TILE))
+            d_vec = builder.fpext(v.shuffle(halves, range(0, 2 * TILE, 2)), f32x16)
+            dmin_vec = builder.fpext(v.shuffle(halves, range(1, 2 * TILE, 2)), f32x16)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+            for u in range(rows):
+                row = builder.add(t_, i64(u))
+                pair_row = v.row_pointer(st[6], pairs_, row)
+                mins_sum = None
+                for k in range(4):
+                    sums = builder.load(builder.gep(pair_row, [builder.add(builder.mul(b_, i64(4)), i64(k))]))
+                    mins_sum = _dot_word_pairs_512(v, mins_sum, min_pairs[k], v.splat(sums, 16))
+                # accumulate's float step, lane by lane (no fast-math flags: each operation rounded as written)
+                mins_term = builder.fmul(dmin_vec, builder.sitofp(mins_sum, f32x16), flags=("arcp",))
+                step = builder.call(fma, [d_vec, builder.sitofp(scaled[u], f32x16), builder.fneg(mins_term, flags=("arcp",))])
+                a_scale = v.splat(builder.load(builder.gep(v.row_pointer(st[5], ad_, row), [b_])), 16)
+                fma_into_row(v, st[7], acc_, builder.add(a_, i64(u)), a_scale, step)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return record_dots
+
+
+record_dots_4 = _record_dots(ROWS)
+record_dots_1 = _record_dots(1)
+
+
+@exact_kernel(parallel=True)
+def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
+    """out[t, r] for r < 16 * n_tiles (the packed rows), every value equal to q4_k.vec_dot(row r,
+    qs[t], d[t], s[t]). The tiles are split in n_parts contiguous runs (the caller passes its thread
+    count: numba.get_num_threads inside a kernel keeps Numba from caching it), each with its own float
+    sums for CHUNK activation rows (so no allocation per tile: a decode step of an 8B model goes through
+    ~86,000 tiles)."""
+    n_rows = qs.shape[0]
+    n_tiles = packed.shape[0] // n_blocks
+    pairs = np.empty((n_rows, n_blocks * 4), dtype=np.int32)
+    sub_block_sum_pairs(s, pairs)
+    n_parts = max(1, min(n_parts, n_tiles))
+    for part in prange(n_parts):
+        acc = np.empty((min(CHUNK, n_rows), TILE), dtype=np.float32)
+        for tile in range(part * n_tiles // n_parts, (part + 1) * n_tiles // n_parts):
+            for t0 in range(0, n_rows, CHUNK):
+                t1 = min(t0 + CHUNK, n_rows)
+                acc[: t1 - t0] = 0.0
+                for b in range(n_blocks):
+                    t = t0
+                    while t + ROWS <= t1:
+                        record_dots_4(packed, n_blocks, tile, b, qs, d, pairs, acc, t, t - t0)
+                        t += ROWS
+                    while t < t1:
+                        record_dots_1(packed, n_blocks, tile, b, qs, d, pairs, acc, t, t - t0)
+                        t += 1
+                for t in range(t0, t1):
+                    for i in range(TILE):
+                        out[t, tile * TILE + i] = acc[t - t0, i]

@@ -1,0 +1,136 @@
+"""Q4_K rows re-laid 16 at a time (quant/q4_k_x16.py, backends/cpu/matmul.PackedWeights): the layout
+against a NumPy statement of it, the lane kernel against the one-row vec_dot bit for bit at every batch
+size (decode's one row included) and on every VectorCode instruction-set path, the backend's choice of
+layout, and the release of the mapped pages the re-laid rows came from."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numba
+import numpy as np
+import pytest
+from test_quant import bits
+from test_quant_kquant_rows import _activations, _expected
+from test_quant_tiles import _weights
+
+from localllm import quant
+from localllm.backends.base import Weight
+from localllm.backends.cpu import CPUBackend
+from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights
+from localllm.gguf.reader import GGUFReader, release_pages
+from localllm.gguf.writer import GGUFWriter
+from localllm.quant import q4_k_tiles, q4_k_x16, vector
+
+QT = quant.get("Q4_K")
+
+
+def test_pack_puts_word_s_of_row_i_at_16s_plus_i():
+    rng = np.random.default_rng(1)
+    raw = _weights("Q4_K", rng, 37, 512)  # two tiles, 5 rows left out
+    packed = q4_k_x16.pack(raw)
+    words = raw[:32].view(np.uint32).reshape(2, 16, 2, 36)  # [tile, row i, block b, word s]
+    want = words.transpose(0, 2, 3, 1).reshape(4, 576)  # record tile * 2 + b, word 16 * s + i
+    np.testing.assert_array_equal(packed, want)
+
+
+@pytest.mark.parametrize("k", [256, 2048, 4608])
+def test_packed_kernel_equals_vec_dot_at_every_batch_size(k):
+    rng = np.random.default_rng(k)
+    raw = _weights("Q4_K", rng, 48, k)
+    packed = q4_k_x16.pack(raw)
+    assert q4_k_x16.CHUNK == 256 and q4_k_x16.ROWS == 4  # the sizes below cross both
+    for n_rows in (1, 2, 3, 4, 5, 16, 255, 256, 257):
+        batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
+        for n_parts in (1, 2, 5):
+            out = np.full((n_rows, 48), np.nan, dtype=np.float32)
+            q4_k_x16.matvec_packed(packed, k // 256, n_parts, out, *batch)
+            np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"K={k} T={n_rows} parts={n_parts}")
+
+
+@pytest.mark.parametrize("n_weights", [16, 21, 47])
+def test_packed_weights_take_the_last_rows_by_the_row_kernels(n_weights):
+    rng = np.random.default_rng(n_weights)
+    raw = _weights("Q4_K", rng, n_weights, 1024)
+    packed = PackedWeights(QT, raw)
+    assert packed.n_packed == n_weights - n_weights % 16
+    for n_rows in (1, 3, 20):
+        x = _activations(rng, n_rows, 1024, 1.0)
+        out = np.full((n_rows, n_weights), np.nan, dtype=np.float32)
+        packed.matmul(x, out, MatmulScratch(), 2)
+        np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 1024).quantize(x))))
+
+
+def test_packed_kernel_equals_vec_dot_on_every_isa():
+    rng = np.random.default_rng(43)
+    k = 512
+    raw = _weights("Q4_K", rng, 32, k)
+    packed = q4_k_x16.pack(raw)
+    batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 6)]
+    expected = [_expected(QT, raw, batch) for batch in batches]
+    saved = vector.VECTOR_ISA
+    try:
+        for isa in vector.VECTOR_ISAS:
+            vector.VECTOR_ISA = isa
+            kernel = numba.njit(parallel=True, error_model="numpy")(q4_k_x16.matvec_packed.py_func)  # compiled now, for isa
+            for batch, want in zip(batches, expected):
+                out = np.full((batch[0].shape[0], 32), np.nan, dtype=np.float32)
+                kernel(packed, k // 256, 2, out, *batch)
+                np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{isa} T={batch[0].shape[0]}")
+    finally:
+        vector.VECTOR_ISA = saved
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_backend_repacks_q4_k_only_where_the_lane_kernels_are_fast_with_the_same_results(qtype):
+    rng = np.random.default_rng(9)
+    raw = _weights(qtype, rng, 32, 512) if qtype != "Q8_0" else quant.get(qtype).quantize(rng.normal(0, 0.05, (32, 512)).astype(np.float32)).reshape(32, -1)
+    results = {}
+    for repack in (False, True):
+        backend = CPUBackend(threads=2, repack=repack)
+        weight = backend.upload(Weight("w", qtype, (512, 32), raw))
+        for n_rows in (1, 3, 20):
+            x = _activations(np.random.default_rng(n_rows), n_rows, 512, 1.0)
+            out = np.full((n_rows, 32), np.nan, dtype=np.float32)
+            backend.matmul(weight, x, out)
+            results.setdefault(n_rows, []).append(bits(out))
+        repacked = isinstance(backend._layout_of(weight), PackedWeights)
+        assert repacked == (repack and qtype == "Q4_K" and q4_k_tiles.available())
+    for n_rows, (plain, packed) in results.items():
+        np.testing.assert_array_equal(plain, packed, err_msg=f"{qtype} T={n_rows}")
+
+
+def _mapping_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_release_pages_drops_the_mapped_pages_and_keeps_the_bytes(tmp_path):
+    data = np.random.default_rng(0).integers(-128, 128, (64, 1 << 16), dtype=np.int8)  # 4 MiB
+    path = tmp_path / "t.gguf"
+    writer = GGUFWriter(path)
+    writer.add("general.architecture", "llama")
+    writer.add_tensor("small", np.arange(5, dtype=np.float32))  # so that "big" starts inside a page
+    writer.add_tensor("big", data)
+    writer.write()
+    with GGUFReader(path) as reader:
+        view = reader.tensor_bytes("big")
+        assert view.ctypes.data % 4096 != 0
+        np.testing.assert_array_equal(view.view(np.int8), data)  # every page read: resident
+        before = _mapping_rss_kib(path)
+        assert release_pages(view)
+        after = _mapping_rss_kib(path)
+        assert before - after >= view.nbytes // 1024 - 8  # all but the partial pages at its two ends
+        np.testing.assert_array_equal(view.view(np.int8), data)  # read again from the file, unchanged
+        small = reader.tensor_array("small")
+        np.testing.assert_array_equal(small, np.arange(5, dtype=np.float32))  # its neighbour's page kept its bytes
+    copy = np.array(data)
+    assert not release_pages(copy.view(np.uint8))  # memory that is not a reader's file mapping: left alone
+    np.testing.assert_array_equal(copy, data)
