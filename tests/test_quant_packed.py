@@ -23,10 +23,11 @@ from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
 from localllm.quant import q4_k_tiles, q4_k_x16, vector
 
-QT = quant.get("Q4_K")
+MODULES = {"Q4_K": q4_k_x16}  # the types with a packed layout (matmul.PACKED_KERNELS)
+TYPES = sorted(MODULES)
 
 
-def test_pack_puts_word_s_of_row_i_at_16s_plus_i():
+def test_q4_k_pack_puts_word_s_of_row_i_at_16s_plus_i():
     rng = np.random.default_rng(1)
     raw = _weights("Q4_K", rng, 37, 512)  # two tiles, 5 rows left out
     packed = q4_k_x16.pack(raw)
@@ -35,24 +36,28 @@ def test_pack_puts_word_s_of_row_i_at_16s_plus_i():
     np.testing.assert_array_equal(packed, want)
 
 
+@pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("k", [256, 2048, 4608])
-def test_packed_kernel_equals_vec_dot_at_every_batch_size(k):
+def test_packed_kernel_equals_vec_dot_at_every_batch_size(name, k):
+    QT, module = quant.get(name), MODULES[name]
     rng = np.random.default_rng(k)
-    raw = _weights("Q4_K", rng, 48, k)
-    packed = q4_k_x16.pack(raw)
-    assert q4_k_x16.CHUNK == 256 and q4_k_x16.ROWS == 4  # the sizes below cross both
+    raw = _weights(name, rng, 48, k)
+    packed = module.pack(raw)
+    assert module.CHUNK == 256 and module.ROWS == 4  # the sizes below cross both
     for n_rows in (1, 2, 3, 4, 5, 16, 255, 256, 257):
         batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         for n_parts in (1, 2, 5):
             out = np.full((n_rows, 48), np.nan, dtype=np.float32)
-            q4_k_x16.matvec_packed(packed, k // 256, n_parts, out, *batch)
-            np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"K={k} T={n_rows} parts={n_parts}")
+            module.matvec_packed(packed, k // 256, n_parts, out, *batch)
+            np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"{name} K={k} T={n_rows} parts={n_parts}")
 
 
+@pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("n_weights", [16, 21, 47])
-def test_packed_weights_take_the_last_rows_by_the_row_kernels(n_weights):
+def test_packed_weights_take_the_last_rows_by_the_row_kernels(name, n_weights):
+    QT = quant.get(name)
     rng = np.random.default_rng(n_weights)
-    raw = _weights("Q4_K", rng, n_weights, 1024)
+    raw = _weights(name, rng, n_weights, 1024)
     packed = PackedWeights(QT, raw)
     assert packed.n_packed == n_weights - n_weights % 16
     for n_rows in (1, 3, 20):
@@ -62,28 +67,30 @@ def test_packed_weights_take_the_last_rows_by_the_row_kernels(n_weights):
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 1024).quantize(x))))
 
 
-def test_packed_kernel_equals_vec_dot_on_every_isa():
+@pytest.mark.parametrize("name", TYPES)
+def test_packed_kernel_equals_vec_dot_on_every_isa(name):
+    QT, module = quant.get(name), MODULES[name]
     rng = np.random.default_rng(43)
     k = 512
-    raw = _weights("Q4_K", rng, 32, k)
-    packed = q4_k_x16.pack(raw)
+    raw = _weights(name, rng, 32, k)
+    packed = module.pack(raw)
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 6)]
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
         for isa in vector.VECTOR_ISAS:
             vector.VECTOR_ISA = isa
-            kernel = numba.njit(parallel=True, error_model="numpy")(q4_k_x16.matvec_packed.py_func)  # compiled now, for isa
+            kernel = numba.njit(parallel=True, error_model="numpy")(module.matvec_packed.py_func)  # compiled now, for isa
             for batch, want in zip(batches, expected):
                 out = np.full((batch[0].shape[0], 32), np.nan, dtype=np.float32)
                 kernel(packed, k // 256, 2, out, *batch)
-                np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{isa} T={batch[0].shape[0]}")
+                np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{name} {isa} T={batch[0].shape[0]}")
     finally:
         vector.VECTOR_ISA = saved
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
-def test_backend_repacks_q4_k_only_where_the_lane_kernels_are_fast_with_the_same_results(qtype):
+def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_same_results(qtype):
     rng = np.random.default_rng(9)
     raw = _weights(qtype, rng, 32, 512) if qtype != "Q8_0" else quant.get(qtype).quantize(rng.normal(0, 0.05, (32, 512)).astype(np.float32)).reshape(32, -1)
     results = {}
@@ -96,7 +103,7 @@ def test_backend_repacks_q4_k_only_where_the_lane_kernels_are_fast_with_the_same
             backend.matmul(weight, x, out)
             results.setdefault(n_rows, []).append(bits(out))
         repacked = isinstance(backend._layout_of(weight), PackedWeights)
-        assert repacked == (repack and qtype == "Q4_K" and q4_k_tiles.available())
+        assert repacked == (repack and qtype in MODULES and q4_k_tiles.available())
     for n_rows, (plain, packed) in results.items():
         np.testing.assert_array_equal(plain, packed, err_msg=f"{qtype} T={n_rows}")
 

@@ -17,9 +17,13 @@ kmask trick on each lane's three words), the mins go through vpdpwssd against th
 acc)) on 16 lanes: each lane computes exactly what q4_k.vec_dot computes for its row, so every output
 equals the one-row kernel's bit for bit, at every number of activation rows.
 
-Per 16 rows and super-block this is ~200 vector instructions where the one-row kernel spends ~50 per
-row (the per-block horizontal sums and the scalar float step): decode becomes bound by memory rather
-than by the Q4_K kernel's arithmetic. Measured in docs/performance.md.
+Per 16 rows and super-block this is ~280 instructions (64 vpdpbusd, 32 loads, the nibble splits, the
+scales) where the one-row kernel spends ~50 per row (the per-block horizontal sums and the scalar float
+step). Measured (Zen 4, one thread, one-row products, medians of 9 alternating passes): in cache
+(1024 x 4096) 40 GB/s against the row kernel's 14; from memory (12 distinct 14336 x 4096 matrices) 20-24
+against 14-17 GB/s, and on two threads 29-32 against 27-30. Unlike the row kernels it asks for no
+software prefetch: the records are one sequential stream per thread, and 36 prefetches per record took
+it from 20-24 down to 16-17 GB/s.
 """
 
 from __future__ import annotations
@@ -33,13 +37,12 @@ from numba.extending import intrinsic
 from .jit import exact_kernel
 from .q4_k import BLOCK, BLOCK_BYTES
 from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, _dot_word_pairs_512, fma_into_row, sub_block_sum_pairs
-from .vector import PREFETCH_BYTES, VectorCode
+from .vector import VectorCode
 
 WORDS = BLOCK_BYTES // 4  # 36 words per row and super-block
 RECORD_WORDS = WORDS * TILE  # 576: one tile's super-block
 _SCALE_WORDS, _QUANT_WORDS = 1, 4  # word s of a row's block: 0 d|dmin, 1..3 scales, 4..35 quants
 ROWS = 4  # activation rows sharing each quant load (as q4_k_tiles.ROWS)
-PREFETCH = True  # ask for each record's lines PREFETCH_BYTES ahead (as the one-row kernel does)
 
 
 @exact_kernel(parallel=True)
@@ -105,10 +108,6 @@ def _record_dots(rows: int):
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
             record = v.row_pointer(st[0], packed_, builder.add(builder.mul(v.resize(tile_, 64), v.resize(n_blocks_, 64)), b_))
-            if PREFETCH:
-                as_bytes = builder.bitcast(record, ir.IntType(8).as_pointer())
-                for line in range(0, 4 * RECORD_WORDS, 64):
-                    v.prefetch(None, as_bytes, i64(line), PREFETCH_BYTES)
             scales, min_pairs = _unpacked_codes(v, record)
             act_rows = [v.row_pointer(st[4], aqs_, builder.add(t_, i64(u))) for u in range(rows)]
             block_start = builder.mul(b_, i64(BLOCK))
@@ -176,7 +175,10 @@ def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
             for t0 in range(0, n_rows, CHUNK):
                 t1 = min(t0 + CHUNK, n_rows)
                 acc[: t1 - t0] = 0.0
-                for b in range(n_blocks):
+                if n_rows == 1:  # decode: no loop over rows, out of which LLVM would hoist the unpacked
+                    for b in range(n_blocks):  # record into 64 stack slots, stored and reloaded (2x slower)
+                        record_dots_1(packed, n_blocks, tile, b, qs, d, pairs, acc, 0, 0)
+                for b in range(n_blocks if n_rows > 1 else 0):
                     t = t0
                     while t + ROWS <= t1:
                         record_dots_4(packed, n_blocks, tile, b, qs, d, pairs, acc, t, t - t0)

@@ -1,4 +1,5 @@
-"""The Numba CPU backend: the default. Weights stay quantized in the memory-mapped file."""
+"""The Numba CPU backend: the default. Weights stay quantized in the memory-mapped file (Q4_K matrices
+re-laid 16 rows at a time at their first product, their file pages then released: matmul.PackedWeights)."""
 
 from __future__ import annotations
 

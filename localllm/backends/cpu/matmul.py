@@ -216,7 +216,7 @@ PACKED_KERNELS = {"Q4_K": q4_k_x16}
 
 class PackedWeights:
     """A matrix whose first N - N % 16 rows are re-laid for a lane kernel (q4_k_x16: each record the
-    transpose of 16 rows' super-block), the last rows left as they are, for the row kernels. Products
+    transpose of 16 rows' super-block, word by word), the last rows left as they are, for the row kernels. Products
     equal the row kernels' bit for bit at every batch size, so a model computes the same with or
     without it.
 
