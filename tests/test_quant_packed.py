@@ -74,7 +74,7 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
     k = 512
     raw = _weights(name, rng, 32, k)
     packed = module.pack(raw)
-    batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 6)]
+    batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 6, 20)]  # each path of the driver
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
