@@ -43,8 +43,8 @@ def test_packed_kernel_equals_vec_dot_at_every_batch_size(name, k):
     rng = np.random.default_rng(k)
     raw = _weights(name, rng, 48, k)
     packed = module.pack(raw)
-    assert module.CHUNK == 256 and module.ROWS == 4  # the sizes below cross both
-    for n_rows in (1, 2, 3, 4, 5, 16, 255, 256, 257):
+    assert (module.CHUNK, module.ROWS, module.UNPACK_ROWS) == (256, 4, 8)  # the sizes below cross all three
+    for n_rows in (1, 2, 3, 4, 5, 7, 8, 16, 255, 256, 257):
         batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         for n_parts in (1, 2, 5):
             out = np.full((n_rows, 48), np.nan, dtype=np.float32)

@@ -36,7 +36,7 @@ from numba.extending import intrinsic
 
 from .jit import exact_kernel
 from .q4_k import BLOCK, BLOCK_BYTES
-from .q4_k_tiles import CHUNK, MIN_ROWS, TILE, _dot_quads_512, _dot_word_pairs_512, fma_into_row, sub_block_sum_pairs
+from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, _dot_word_pairs_512, fma_into_row, sub_block_sum_pairs
 from .q4_k_tiles import tile_dots_1, tile_dots_4
 from .vector import VectorCode
 
@@ -44,6 +44,11 @@ WORDS = BLOCK_BYTES // 4  # 36 words per row and super-block
 RECORD_WORDS = WORDS * TILE  # 576: one tile's super-block
 _SCALE_WORDS, _QUANT_WORDS = 1, 4  # word s of a row's block: 0 d|dmin, 1..3 scales, 4..35 quants
 ROWS = 4  # activation rows sharing each quant load (as q4_k_tiles.ROWS)
+# From this many activation rows the records go through q4_k_tiles' scratch (matvec_packed). One-row
+# products against the row kernels' multi-row driver, 14336 x 4096 from memory, one / two threads, a
+# session script: straight from the records T = 2: 1.07-1.10x, 4: 0.95-0.99x, 8: 0.73-0.76x; through
+# the scratch T = 8: 0.98-1.0x, 15: 1.26-1.32x.
+UNPACK_ROWS = 8
 
 
 @exact_kernel(parallel=True)
@@ -202,7 +207,7 @@ def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
     qs[t], d[t], s[t]). The tiles are split in n_parts contiguous runs (the caller passes its thread
     count: numba.get_num_threads inside a kernel keeps Numba from caching it), each with its own float
     sums for CHUNK activation rows (so no allocation per tile: a decode step of an 8B model goes through
-    ~86,000 tiles). From MIN_ROWS activation rows each record is unpacked once per chunk into
+    ~86,000 tiles). From UNPACK_ROWS activation rows each record is unpacked once per chunk into
     q4_k_tiles' scratch and taken by its tile_dots (prefill: the 8B-shaped file's pp512 at 2 threads
     went from 33 to 39 tok/s against record_dots_4 straight from the record, whose unpacked quants
     LLVM kept in stack slots); fewer rows go straight from the record."""
@@ -223,7 +228,7 @@ def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
                 t1 = min(t0 + CHUNK, n_rows)
                 acc[: t1 - t0] = 0.0
                 for b in range(n_blocks):
-                    if n_rows >= MIN_ROWS:
+                    if n_rows >= UNPACK_ROWS:
                         unpack_record(packed, n_blocks, tile, b, quants, scales, mins, dd, dm)
                         t = t0
                         while t + ROWS <= t1:

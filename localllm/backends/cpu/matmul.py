@@ -216,9 +216,9 @@ PACKED_KERNELS = {"Q4_K": q4_k_x16}
 
 class PackedWeights:
     """A matrix whose first N - N % 16 rows are re-laid for a lane kernel (q4_k_x16: each record the
-    transpose of 16 rows' super-block, word by word), the last rows left as they are, for the row kernels. Products
-    equal the row kernels' bit for bit at every batch size, so a model computes the same with or
-    without it.
+    transpose of 16 rows' super-block, word by word), the last rows left as they are, for the row
+    kernels. Products equal the row kernels' bit for bit at every batch size, so a model computes the
+    same with or without it.
 
     Made once per weight, at its first product (CPUBackend._layout_of); the mapped file's pages under
     the re-laid rows are then released (gguf.reader.release_pages), so the process holds the weight's
@@ -228,7 +228,6 @@ class PackedWeights:
         module = PACKED_KERNELS[qt.name]
         self.qt = qt
         self.shape = weights.shape
-        self.nbytes = weights.nbytes
         self.n_blocks = weights.shape[1] // qt.type_size
         self.n_packed = weights.shape[0] - weights.shape[0] % TILE
         self.kernel = module.matvec_packed
