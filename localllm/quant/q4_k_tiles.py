@@ -149,6 +149,29 @@ def fma_into_row(v: VectorCode, acc_type, acc, row, a, b):
     builder.store(builder.call(fma, [a, b, builder.load(pointer, align=4)]), pointer, align=4)
 
 
+def float_steps(v: VectorCode, scaled, d_vec, dmin_vec, min_pairs, pairs, ad, acc, t, a, b):
+    """For each activation row t + u (u < len(scaled)) and super-block b: the mins' sum from the 16
+    rows' min pairs against the row's sub-block sum pairs (pairs: (type, int32[T, nb * 4] value)),
+    then q4_k.accumulate's float step on 16 lanes into acc[a + u]: fma(ad, fma(d, scaled, -(dmin *
+    mins)), acc). pairs, ad and acc are (Numba type, value) pairs; t, a, b int64 values."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    f32x16 = ir.VectorType(ir.FloatType(), 16)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+    for u, scaled_u in enumerate(scaled):
+        row = builder.add(t, i64(u))
+        pair_row = v.row_pointer(pairs[0], pairs[1], row)
+        mins_sum = None
+        for k in range(4):
+            sums = builder.load(builder.gep(pair_row, [builder.add(builder.mul(b, i64(4)), i64(k))]))
+            mins_sum = _dot_word_pairs_512(v, mins_sum, min_pairs[k], v.splat(sums, 16))
+        # accumulate's float step, lane by lane (no fast-math flags: each operation rounded as written)
+        mins_term = builder.fmul(dmin_vec, builder.sitofp(mins_sum, f32x16), flags=("arcp",))
+        step = builder.call(fma, [d_vec, builder.sitofp(scaled_u, f32x16), builder.fneg(mins_term, flags=("arcp",))])
+        a_scale = v.splat(builder.load(builder.gep(v.row_pointer(ad[0], ad[1], row), [b])), 16)
+        fma_into_row(v, acc[0], acc[1], builder.add(a, i64(u)), a_scale, step)
+
+
 def _tile_dots(rows: int):
     @intrinsic
     def tile_dots(typingctx, tile, scales, mins, d, dmin, aqs, ad, pairs, acc, t, a, b):
@@ -161,25 +184,12 @@ def _tile_dots(rows: int):
             st = signature.args
             v = VectorCode(context, builder)
             i64 = ir.IntType(64)
-            f32x16 = ir.VectorType(ir.FloatType(), 16)
             t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
             scaled = group_sums(v, st[0], tile_, st[1], scales_, st[5], aqs_, t_, b_, rows, 8)
             d_vec = v.load(st[3], d_, i64(0), 16)
             dmin_vec = v.load(st[4], dmin_, i64(0), 16)
             min_pairs = [v.load(st[2], mins_, i64(16 * k), 16) for k in range(4)]
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
-            for u in range(rows):
-                row = builder.add(t_, i64(u))
-                pair_row = v.row_pointer(st[7], pairs_, row)
-                mins_sum = None
-                for k in range(4):
-                    sums = builder.load(builder.gep(pair_row, [builder.add(builder.mul(b_, i64(4)), i64(k))]))
-                    mins_sum = _dot_word_pairs_512(v, mins_sum, min_pairs[k], v.splat(sums, 16))
-                # accumulate's float step, lane by lane (no fast-math flags: each operation rounded as written)
-                mins_term = builder.fmul(dmin_vec, builder.sitofp(mins_sum, f32x16), flags=("arcp",))
-                step = builder.call(fma, [d_vec, builder.sitofp(scaled[u], f32x16), builder.fneg(mins_term, flags=("arcp",))])
-                a_scale = v.splat(builder.load(builder.gep(v.row_pointer(st[6], ad_, row), [b_])), 16)
-                fma_into_row(v, st[8], acc_, builder.add(a_, i64(u)), a_scale, step)
+            float_steps(v, scaled, d_vec, dmin_vec, min_pairs, (st[7], pairs_), (st[6], ad_), (st[8], acc_), t_, a_, b_)
             return context.get_dummy_value()
 
         return sig, codegen

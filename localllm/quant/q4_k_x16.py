@@ -31,12 +31,11 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .jit import exact_kernel
 from .q4_k import BLOCK, BLOCK_BYTES
-from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, _dot_word_pairs_512, fma_into_row, sub_block_sum_pairs
+from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, float_steps, sub_block_sum_pairs
 from .q4_k_tiles import tile_dots_1, tile_dots_4
 from .vector import VectorCode
 
@@ -78,7 +77,6 @@ def _unpacked_codes(v: VectorCode, record):
     """The record's scales and mins on 16 lanes: ([scale_k as <16 x i32> for k < 8], [mins of
     sub-blocks 2k and 2k + 1 as the low and high int16 of each lane, for k < 4]): ggml's kmask
     unpacking (q4_k.scale_min_words) applied to each lane's three words."""
-    builder = v.builder
     i64 = ir.IntType(64)
     low, mid, high = (v.load(None, record, i64(TILE * (_SCALE_WORDS + w)), TILE) for w in range(3))
     scales_0_3 = v.and_(low, 0x3F3F3F3F)
@@ -139,19 +137,7 @@ def _record_dots(rows: int):
             halves = builder.bitcast(v.load(None, record, i64(0), TILE), ir.VectorType(ir.HalfType(), 2 * TILE))
             d_vec = builder.fpext(v.shuffle(halves, range(0, 2 * TILE, 2)), f32x16)
             dmin_vec = builder.fpext(v.shuffle(halves, range(1, 2 * TILE, 2)), f32x16)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
-            for u in range(rows):
-                row = builder.add(t_, i64(u))
-                pair_row = v.row_pointer(st[6], pairs_, row)
-                mins_sum = None
-                for k in range(4):
-                    sums = builder.load(builder.gep(pair_row, [builder.add(builder.mul(b_, i64(4)), i64(k))]))
-                    mins_sum = _dot_word_pairs_512(v, mins_sum, min_pairs[k], v.splat(sums, 16))
-                # accumulate's float step, lane by lane (no fast-math flags: each operation rounded as written)
-                mins_term = builder.fmul(dmin_vec, builder.sitofp(mins_sum, f32x16), flags=("arcp",))
-                step = builder.call(fma, [d_vec, builder.sitofp(scaled[u], f32x16), builder.fneg(mins_term, flags=("arcp",))])
-                a_scale = v.splat(builder.load(builder.gep(v.row_pointer(st[5], ad_, row), [b_])), 16)
-                fma_into_row(v, st[7], acc_, builder.add(a_, i64(u)), a_scale, step)
+            float_steps(v, scaled, d_vec, dmin_vec, min_pairs, (st[6], pairs_), (st[5], ad_), (st[7], acc_), t_, a_, b_)
             return context.get_dummy_value()
 
         return sig, codegen
