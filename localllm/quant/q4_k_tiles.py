@@ -111,11 +111,9 @@ def sub_block_sum_pairs(asum, out):
             out[t, g] = (low & 0xFFFF) | (high << 16)
 
 
-def group_sums(v: VectorCode, tile_type, tile, scales_type, scales, aqs_type, aqs, t, b, rows: int, quads_per_group: int):
-    """For activation rows t..t+rows-1 (aqs int8[T, K]) and super-block b: per row, sum over the groups
-    of the block of scale_g (scales int32[n_groups, 16]) times the group's products with the tile's
-    16 rows (quads_per_group vpdpbusd each, the activation's four bytes broadcast): <16 x i32> per row.
-    Each tile vector is loaded once for the `rows` activation rows."""
+def activation_quads(v: VectorCode, aqs_type, aqs, t, b, rows: int):
+    """act_quad(u, position): the four bytes of activation row t + u (aqs int8[T, K]) at `position` of
+    super-block b, broadcast to 16 lanes (<64 x i8>), for vpdpbusd against 16 weight rows."""
     builder = v.builder
     i32, i64 = ir.IntType(32), ir.IntType(64)
     act_rows = [v.row_pointer(aqs_type, aqs, builder.add(t, i64(u))) for u in range(rows)]
@@ -126,6 +124,17 @@ def group_sums(v: VectorCode, tile_type, tile, scales_type, scales, aqs_type, aq
         word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
         return v.bitcast(v.splat(word, 16), 64, 8)
 
+    return act_quad
+
+
+def group_sums(v: VectorCode, tile_type, tile, scales_type, scales, aqs_type, aqs, t, b, rows: int, quads_per_group: int):
+    """For activation rows t..t+rows-1 (aqs int8[T, K]) and super-block b: per row, sum over the groups
+    of the block of scale_g (scales int32[n_groups, 16]) times the group's products with the tile's
+    16 rows (quads_per_group vpdpbusd each, the activation's four bytes broadcast): <16 x i32> per row.
+    Each tile vector is loaded once for the `rows` activation rows."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    act_quad = activation_quads(v, aqs_type, aqs, t, b, rows)
     scaled = [None] * rows
     for g in range(64 // quads_per_group):
         sums = [None] * rows

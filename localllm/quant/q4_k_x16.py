@@ -34,8 +34,8 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from .jit import exact_kernel
-from .q4_k import BLOCK, BLOCK_BYTES
-from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, float_steps, sub_block_sum_pairs
+from .q4_k import BLOCK_BYTES
+from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, activation_quads, float_steps, sub_block_sum_pairs
 from .q4_k_tiles import tile_dots_1, tile_dots_4
 from .vector import VectorCode
 
@@ -108,19 +108,12 @@ def _record_dots(rows: int):
             packed_, n_blocks_, tile_, b_, aqs_, ad_, pairs_, acc_, t_, a_ = args
             st = signature.args
             v = VectorCode(context, builder)
-            i32, i64 = ir.IntType(32), ir.IntType(64)
+            i64 = ir.IntType(64)
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
             record = v.row_pointer(st[0], packed_, builder.add(builder.mul(v.resize(tile_, 64), v.resize(n_blocks_, 64)), b_))
             scales, min_pairs = _unpacked_codes(v, record)
-            act_rows = [v.row_pointer(st[4], aqs_, builder.add(t_, i64(u))) for u in range(rows)]
-            block_start = builder.mul(b_, i64(BLOCK))
-
-            def act_quad(u, position):
-                pointer = builder.gep(act_rows[u], [builder.add(block_start, i64(position))])
-                word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
-                return v.bitcast(v.splat(word, 16), 64, 8)
-
+            act_quad = activation_quads(v, st[4], aqs_, t_, b_, rows)
             scaled = [None] * rows
             for c in range(4):  # 32 quant bytes per row: sub-blocks 2c (low nibbles) and 2c + 1 (high)
                 low_sums, high_sums = [None] * rows, [None] * rows
