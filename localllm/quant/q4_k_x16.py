@@ -43,10 +43,10 @@ WORDS = BLOCK_BYTES // 4  # 36 words per row and super-block
 RECORD_WORDS = WORDS * TILE  # 576: one tile's super-block
 _SCALE_WORDS, _QUANT_WORDS = 1, 4  # word s of a row's block: 0 d|dmin, 1..3 scales, 4..35 quants
 ROWS = 4  # activation rows sharing each quant load (as q4_k_tiles.ROWS)
-# From this many activation rows the records go through q4_k_tiles' scratch (matvec_packed). One-row
-# products against the row kernels' multi-row driver, 14336 x 4096 from memory, one / two threads, a
-# session script: straight from the records T = 2: 1.07-1.10x, 4: 0.95-0.99x, 8: 0.73-0.76x; through
-# the scratch T = 8: 0.98-1.0x, 15: 1.26-1.32x.
+# From this many activation rows the records go through q4_k_tiles' scratch (matvec_packed). Products
+# of T activation rows, speed against the row kernels' multi-row driver, 14336 x 4096 from memory, one
+# and two threads, a session script: straight from the records T = 2: 1.07-1.10x, 4: 0.95-0.99x,
+# 8: 0.73-0.76x; through the scratch T = 8: 0.98-1.0x, 15: 1.26-1.32x.
 UNPACK_ROWS = 8
 
 
