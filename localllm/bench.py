@@ -4,6 +4,10 @@ pp<n>: the prompt-processing test evaluates n random tokens in one batched pass 
 tg<n>: the text-generation test decodes n tokens one at a time from an empty cache (each step feeds the
 previous token back; sampling is left out, as llama-bench leaves it out). Each test runs once untimed to
 warm up (compile or load kernels, fault in the mapped weights), then `repetitions` times.
+
+With a depth d (llama-bench's -d, "tg128 @ d4096"), d random tokens are evaluated once per model, untimed,
+and every run of a test starts at position d with them in the cache, as llama-bench restores its saved
+state before each run: the speed of a reply deep into a conversation, where attention reads a long cache.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ class BenchResult:
     n_threads: int
     n_prompt: int
     n_gen: int
+    n_depth: int = 0
     samples_ns: list = field(default_factory=list)
 
     @property
     def test(self) -> str:
-        return f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        name = f"pp{self.n_prompt}" if self.n_prompt else f"tg{self.n_gen}"
+        return f"{name} @ d{self.n_depth}" if self.n_depth else name
 
     @property
     def samples_ts(self) -> list:
@@ -57,45 +63,66 @@ def _random_tokens(n: int, n_vocab: int, rng) -> np.ndarray:
     return rng.integers(0, n_vocab, n).astype(np.int32)
 
 
-def time_prompt(model, n_prompt: int, rng) -> int:
-    """Nanoseconds to evaluate n_prompt random tokens from position 0 (chunked as generation does)."""
+def _prefill(model, tokens, start: int, cache) -> None:
+    """Evaluate tokens at positions start.. in chunks, as generation does."""
     from .generate import PREFILL_CHUNK
 
-    session = model.new_session()
+    for first in range(0, len(tokens), PREFILL_CHUNK):
+        model.decoder.forward(tokens[first : first + PREFILL_CHUNK], start + first, cache)
+
+
+def time_prompt(model, n_prompt: int, rng, session=None, depth: int = 0) -> int:
+    """Nanoseconds to evaluate n_prompt random tokens from position `depth` (the session's cache holds
+    the first `depth` positions; a new session when none is given)."""
+    session = session or model.new_session()
     tokens = _random_tokens(n_prompt, model.decoder.hp.n_vocab, rng)
     t0 = time.perf_counter_ns()
-    for start in range(0, n_prompt, PREFILL_CHUNK):
-        model.decoder.forward(tokens[start : start + PREFILL_CHUNK], start, session.cache)
+    _prefill(model, tokens, depth, session.cache)
     return time.perf_counter_ns() - t0
 
 
-def time_generation(model, n_gen: int, rng) -> int:
-    """Nanoseconds to decode n_gen tokens one at a time from position 0."""
-    session = model.new_session()
+def time_generation(model, n_gen: int, rng, session=None, depth: int = 0) -> int:
+    """Nanoseconds to decode n_gen tokens one at a time from position `depth` (as time_prompt)."""
+    session = session or model.new_session()
     token = _random_tokens(1, model.decoder.hp.n_vocab, rng)
     t0 = time.perf_counter_ns()
-    for pos in range(n_gen):
+    for pos in range(depth, depth + n_gen):
         logits = model.decoder.forward(token, pos, session.cache)
         token[0] = int(np.argmax(logits[0]))
     return time.perf_counter_ns() - t0
 
 
+def _session_at_depth(model, depth: int, rng):
+    """A session whose cache holds `depth` random tokens' keys and values (evaluated once, untimed).
+    A run writes its own positions after them, so the next run finds the same first `depth` entries."""
+    session = model.new_session()
+    if depth:
+        _prefill(model, _random_tokens(depth, model.decoder.hp.n_vocab, rng), 0, session.cache)
+    return session
+
+
 def bench(model_path, n_prompt: int = 512, n_gen: int = 128, threads=(None,), repetitions: int = 5, seed: int = 0, progress=None,
-          backend: str = "cpu"):
+          backend: str = "cpu", n_depth: int = 0):
     """Yield a BenchResult per (thread count, test) on `backend`. `progress(msg)` is called before each test.
     Timings are end to end: each forward returns host logits, which waits for a device backend's kernels."""
     import localllm
 
     rng = np.random.default_rng(seed)
     for n_threads in threads:
-        model = localllm.load(model_path, n_ctx=max(n_prompt, n_gen) + 16, threads=n_threads, backend=backend)
+        model = localllm.load(model_path, n_ctx=n_depth + max(n_prompt, n_gen) + 16, threads=n_threads, backend=backend)
         info = _model_info(model)
         tests = [(n_prompt, 0)] * bool(n_prompt) + [(0, n_gen)] * bool(n_gen)
+        session = None
         for pp, tg in tests:
-            result = BenchResult(**info, n_threads=model.backend.threads, n_prompt=pp, n_gen=tg)
+            result = BenchResult(**info, n_threads=model.backend.threads, n_prompt=pp, n_gen=tg, n_depth=n_depth)
             if progress:
                 progress(f"{result.test} at {result.n_threads} thread(s)")
-            run = (lambda: time_prompt(model, pp, rng)) if pp else (lambda: time_generation(model, tg, rng))
+            if n_depth and session is None:
+                session = _session_at_depth(model, n_depth, rng)
+            if pp:
+                run = lambda: time_prompt(model, pp, rng, session, n_depth)  # noqa: E731
+            else:
+                run = lambda: time_generation(model, tg, rng, session, n_depth)  # noqa: E731
             run()  # warm-up
             result.samples_ns = [run() for _ in range(repetitions)]
             yield result

@@ -54,15 +54,16 @@ def peak_rss(cmd: list[str], env=None) -> tuple[str, float, int]:
         return out.read(), wall, usage.ru_maxrss * 1024
 
 
-def localllm_bench(model, threads, reps, n_prompt, n_gen):
+def localllm_bench(model, threads, reps, n_prompt, n_gen, n_depth=0):
     cmd = [sys.executable, "-m", "localllm.cli.app", "bench", model, "-p", str(n_prompt), "-n", str(n_gen),
-           "-t", str(threads), "-r", str(reps), "--json"]
+           "-d", str(n_depth), "-t", str(threads), "-r", str(reps), "--json"]
     out, _, rss = peak_rss(cmd)
     return json.loads(out), rss
 
 
-def llamacpp_bench(binary, model, threads, reps, n_prompt, n_gen):
-    cmd = [binary, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads), "-r", str(reps), "-o", "json"]
+def llamacpp_bench(binary, model, threads, reps, n_prompt, n_gen, n_depth=0):
+    cmd = [binary, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-d", str(n_depth), "-t", str(threads), "-r", str(reps),
+           "-o", "json"]
     out, _, rss = peak_rss(cmd)
     return json.loads(out), rss
 
@@ -82,6 +83,12 @@ def blas_kernels() -> str:
     return f"OpenBLAS {found} kernels" + (f" (OPENBLAS_CORETYPE={pinned} in the environment)" if pinned else "")
 
 
+def test_name(row) -> str:
+    """llama-bench's test label from a JSON row of either engine: pp512, tg128, tg128@d4096."""
+    name = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
+    return f"{name}@d{row['n_depth']}" if row.get("n_depth") else name
+
+
 def summarize(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -96,6 +103,7 @@ def main() -> None:
     parser.add_argument("-r", "--repetitions", type=int, default=3)
     parser.add_argument("-p", "--n-prompt", type=int, default=512)
     parser.add_argument("-n", "--n-gen", type=int, default=128)
+    parser.add_argument("-d", "--n-depth", type=int, default=0, help="tokens in the cache before each test (llama-bench -d)")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
@@ -107,15 +115,15 @@ def main() -> None:
         for t in threads:
             for engine in ("localllm", "llama.cpp") if rnd % 2 == 0 else ("llama.cpp", "localllm"):
                 if engine == "localllm":
-                    rows, peak = localllm_bench(args.model, t, args.repetitions, args.n_prompt, args.n_gen)
+                    rows, peak = localllm_bench(args.model, t, args.repetitions, args.n_prompt, args.n_gen, args.n_depth)
                 else:
-                    rows, peak = llamacpp_bench(args.llama_bench, args.model, t, args.repetitions, args.n_prompt, args.n_gen)
+                    rows, peak = llamacpp_bench(args.llama_bench, args.model, t, args.repetitions, args.n_prompt, args.n_gen,
+                                                args.n_depth)
                 rss[engine].append(peak)
                 for row in rows:
-                    test = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
-                    samples.setdefault((engine, test, t), []).extend(row["samples_ts"])
+                    samples.setdefault((engine, test_name(row), t), []).extend(row["samples_ts"])
                 print(f"round {rnd + 1} {engine} t={t}: " + ", ".join(
-                    f"{('pp' + str(r['n_prompt'])) if r['n_prompt'] else ('tg' + str(r['n_gen']))} {r['avg_ts']:.1f} t/s" for r in rows), flush=True)
+                    f"{test_name(r)} {r['avg_ts']:.1f} t/s" for r in rows), flush=True)
 
     ttft = {}
     if args.llama_cli:
@@ -132,7 +140,7 @@ def main() -> None:
             ttft[label] = {"localllm": summarize(values_ours), "llama.cpp": summarize(values_theirs)}
 
     report = {"model": args.model, "threads": threads, "tests": {}, "peak_rss_bytes": {k: max(v) for k, v in rss.items() if v}, "first_token_seconds": ttft}
-    print(f"\n{'test':>8} {'thr':>4} {'localllm t/s':>22} {'llama.cpp t/s':>22} {'ratio':>8}")
+    print(f"\n{'test':>12} {'thr':>4} {'localllm t/s':>22} {'llama.cpp t/s':>22} {'ratio':>8}")
     for (engine, test, t), values in sorted(samples.items()):
         if engine != "localllm":
             continue
@@ -141,7 +149,7 @@ def main() -> None:
         ratio = ours_s["median"] / theirs_s["median"] if theirs_s else float("nan")
         report["tests"][f"{test}/t{t}"] = {"localllm": ours_s, "llama.cpp": theirs_s, "ratio": ratio}
         fmt = lambda s: f"{s['median']:.1f} [{s['min']:.1f}-{s['max']:.1f}]"  # noqa: E731
-        print(f"{test:>8} {t:>4} {fmt(ours_s):>22} {fmt(theirs_s) if theirs_s else '-':>22} {ratio:>7.2f}x")
+        print(f"{test:>12} {t:>4} {fmt(ours_s):>22} {fmt(theirs_s) if theirs_s else '-':>22} {ratio:>7.2f}x")
     for engine, peak in report["peak_rss_bytes"].items():
         print(f"peak RSS {engine}: {peak / 2**20:.0f} MiB")
     for label, both in ttft.items():

@@ -155,13 +155,48 @@ def test_bad_model_arguments_exit_1_with_one_line(capsys, tmp_path, command, cas
     "args",
     [
         ["chat", "--temperature", "x"], ["chat", "--ctx", "5"], ["bench", "-t", "abc"], ["bench", "-t", "0"],
-        ["bench", "-p", "-3"], ["serve", "--port", "99999"], ["run", "m", "p", "-n", "many"],
+        ["bench", "-p", "-3"], ["bench", "-d", "-1"], ["serve", "--port", "99999"], ["run", "m", "p", "-n", "many"],
     ],
     ids=" ".join,
 )
 def test_bad_flag_values_are_usage_errors(capsys, args):
     code, out, err = run_cli(capsys, *args)
     assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, err
+
+
+def test_bench_json_has_llama_bench_keys_and_the_depth(capsys, tiny_llama):
+    code, out, err = run_cli(capsys, "bench", tiny_llama, "-p", "8", "-n", "4", "-d", "16", "-t", "1", "-r", "2", "--json")
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [(r["test"], r["n_prompt"], r["n_gen"], r["n_depth"], r["n_threads"]) for r in rows] == [
+        ("pp8 @ d16", 8, 0, 16, 1), ("tg4 @ d16", 0, 4, 16, 1)]
+    for r in rows:
+        n = r["n_prompt"] or r["n_gen"]
+        assert len(r["samples_ns"]) == 2 and len(r["samples_ts"]) == 2
+        assert r["samples_ts"] == pytest.approx([n / (ns / 1e9) for ns in r["samples_ns"]])
+        assert r["avg_ts"] == pytest.approx(sum(r["samples_ts"]) / 2)
+
+
+def test_bench_depth_runs_every_test_after_the_cached_tokens(tiny_llama, monkeypatch):
+    # llama-bench -d: the depth is evaluated once, then each run (warm-up included) starts at position d.
+    from localllm import bench
+    from localllm.model.decoder import Decoder
+
+    calls = []
+    forward = Decoder.forward
+
+    def recording(self, tokens, start, cache, *args, **kwargs):
+        calls.append((start, len(tokens)))
+        return forward(self, tokens, start, cache, *args, **kwargs)
+
+    monkeypatch.setattr(Decoder, "forward", recording)
+    monkeypatch.setattr("localllm.generate.PREFILL_CHUNK", 8)
+    results = list(bench.bench(tiny_llama, n_prompt=5, n_gen=3, threads=(1,), repetitions=2, n_depth=12))
+    assert [r.test for r in results] == ["pp5 @ d12", "tg3 @ d12"]
+    depth_fill = [(0, 8), (8, 4)]  # 12 tokens in chunks of 8, once
+    prompt_run = [(12, 5)]
+    gen_run = [(12, 1), (13, 1), (14, 1)]
+    assert calls == depth_fill + prompt_run * 3 + gen_run * 3
 
 
 @pytest.mark.parametrize("command", ["bench", "chat", "run", "serve"])
