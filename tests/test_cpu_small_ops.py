@@ -74,17 +74,46 @@ def test_gated_act_serial_twin_matches_the_parallel_kernel_in_and_out_of_place(r
 
 
 @pytest.mark.parametrize("window", [0, 5])
-def test_attention_serial_twin_matches_the_parallel_kernel(rng, window):
+@pytest.mark.parametrize("heads_per_job", [1, 4])
+def test_attention_serial_twin_matches_the_parallel_kernel(rng, window, heads_per_job):
     n_ctx, n_kv, head_dim, start = 32, 2, 64, 9
-    q = rng.standard_normal((3, 4, head_dim)).astype(np.float32)
+    q = rng.standard_normal((3, 8, head_dim)).astype(np.float32)
     cache_k = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16).view(np.uint16)
     cache_v = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16).view(np.uint16)
-    scores = np.empty((3 * 4, start + 3), dtype=np.float32)
+    scores = np.empty((3 * 8, start + 3), dtype=np.float32)
     want = np.empty_like(q)
-    kernels.attention(q, cache_k, cache_v, start, np.float32(0.125), window, want, scores)
+    kernels.attention(q, cache_k, cache_v, start, np.float32(0.125), window, want, scores, heads_per_job)
     got = np.empty_like(q)
-    kernels.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), window, got, scores)
+    kernels.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), window, got, scores, heads_per_job)
     np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@pytest.mark.parametrize("group, head_dim", [(1, 64), (2, 64), (4, 128), (5, 64), (8, 32), (4, 72), (7, 48)])
+def test_attention_grouped_heads_give_the_one_head_bits(rng, group, head_dim):
+    """Four query heads that share a key head attend together (_attend4) with the bits each gets alone:
+    heads_per_job changes only how the work is split. Checked against the float64 formula too."""
+    n_kv, n_tokens, start, window = 2, 3, 40, 0
+    n_head = group * n_kv
+    q = rng.standard_normal((n_tokens, n_head, head_dim)).astype(np.float32)
+    k16 = rng.standard_normal((64, n_kv, head_dim)).astype(np.float16)
+    v16 = rng.standard_normal((64, n_kv, head_dim)).astype(np.float16)
+    scores = np.empty((n_tokens * n_head, start + n_tokens), dtype=np.float32)
+    results = {}
+    for heads_per_job in (1, 4):
+        for kernel in (kernels.attention, kernels.attention_serial):
+            out = np.empty_like(q)
+            kernel(q, k16.view(np.uint16), v16.view(np.uint16), start, np.float32(0.125), window, out, scores, heads_per_job)
+            results[heads_per_job, kernel] = out
+    first = results[1, kernels.attention]
+    for out in results.values():
+        np.testing.assert_array_equal(bits(out), bits(first))
+    k, v = k16.astype(np.float64), v16.astype(np.float64)
+    for t in range(n_tokens):
+        for h in range(n_head):
+            keys, values = k[: start + t + 1, h // group], v[: start + t + 1, h // group]
+            s = keys @ q[t, h].astype(np.float64) * 0.125
+            p = np.exp(s - s.max())
+            np.testing.assert_allclose(first[t, h], p @ values / p.sum(), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize(

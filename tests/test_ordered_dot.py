@@ -12,12 +12,28 @@ import numpy as np
 import pytest
 
 from localllm.backends.cpu import kernels
-from localllm.quant.jit import DOT_LANES, dot_f32_f16_lanes
+from localllm.quant.jit import DOT_LANES, axpy4_f16_lanes, axpy_f16_lanes, dot4_f32_f16_lanes, dot_f32_f16_lanes
 
 
 @numba.njit(cache=False)
 def _lanes_dot(a, bits):
     return dot_f32_f16_lanes(a, bits, a.shape[0] - a.shape[0] % DOT_LANES)
+
+
+@numba.njit(cache=False)
+def _lanes_dot4(a, bits):
+    n_full = a.shape[1] - a.shape[1] % DOT_LANES
+    return dot4_f32_f16_lanes(a[0], a[1], a[2], a[3], bits, n_full)
+
+
+@numba.njit(cache=False)
+def _lanes_axpy(w, bits, y):
+    axpy_f16_lanes(w[0], bits, y.shape[1] - y.shape[1] % DOT_LANES, y[0])
+
+
+@numba.njit(cache=False)
+def _lanes_axpy4(w, bits, y):
+    axpy4_f16_lanes(w[0], w[1], w[2], w[3], bits, y.shape[1] - y.shape[1] % DOT_LANES, y[0], y[1], y[2], y[3])
 
 
 def _emulated(a, b16, n_full):
@@ -75,3 +91,36 @@ def test_lanes_dot_refuses_strided_operands():
     a, b16 = _operands(64, 0)
     with pytest.raises(numba.core.errors.TypingError):
         _lanes_dot(a[::2], b16.view(np.uint16)[::2])
+
+
+@pytest.mark.parametrize("n", [16, 128, 272])
+def test_four_row_dot_gives_each_row_the_one_row_bits(n):
+    for seed in range(10):
+        rows = np.stack([_operands(n, 100 * seed + r)[0] for r in range(4)])
+        _, b16 = _operands(n, seed)
+        n_full = n - n % DOT_LANES
+        got = _lanes_dot4(rows, b16.view(np.uint16))
+        for r in range(4):
+            assert np.float32(got[r]).view(np.uint32) == _emulated(rows[r], b16, n_full).view(np.uint32)
+
+
+@pytest.mark.parametrize("n", [16, 128, 272])
+def test_lane_axpys_are_a_rounded_product_then_a_sum_per_element(n):
+    """Expected: NumPy float32 y + (w * x), elementwise; the elements past the last full DOT_LANES
+    are left alone (the kernels' scalar tail does them)."""
+    n_full = n - n % DOT_LANES
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        _, b16 = _operands(n, seed)
+        y = (rng.standard_normal((4, n)) * 10.0 ** rng.integers(-3, 4, (4, n))).astype(np.float32)
+        w = (rng.standard_normal(4) * 10.0 ** rng.integers(-3, 3, 4)).astype(np.float32)
+        x = b16.astype(np.float32)
+        want = y.copy()
+        want[:, :n_full] = y[:, :n_full] + w[:, None] * x[None, :n_full]  # float32 product, then float32 sum
+        one = y.copy()
+        _lanes_axpy(w, b16.view(np.uint16), one)
+        np.testing.assert_array_equal(one[0].view(np.uint32), want[0].view(np.uint32))
+        np.testing.assert_array_equal(one[1:].view(np.uint32), y[1:].view(np.uint32))
+        four = y.copy()
+        _lanes_axpy4(w, b16.view(np.uint16), four)
+        np.testing.assert_array_equal(four.view(np.uint32), want.view(np.uint32))

@@ -117,6 +117,43 @@ DOT_LANES = 16
 PINNED = ("arcp",)  # a float flag that permits nothing for + and *: keeps Numba's fast-math rewrite off
 
 
+def _is_c_vector(t, dtype) -> bool:
+    return isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and t.dtype == dtype
+
+
+def _lane_dots(context, builder, a_arrays, bits_array, n_full):
+    """The codegen of dot_f32_f16_lanes for several float32 rows against one float16 row: each chunk of
+    DOT_LANES float16 values is loaded and widened once and multiplied into every row's running sums;
+    each row's sums are then added up by halves. Per row, the same operations in the same order as one
+    row alone, so the results are the same bits. a_arrays: (Numba type, value) of each row."""
+    a_datas = [context.make_array(t)(context, builder, v).data for t, v in a_arrays]
+    bits_data = context.make_array(bits_array[0])(context, builder, bits_array[1]).data
+    floats = ir.VectorType(ir.FloatType(), DOT_LANES)
+    halves = ir.VectorType(ir.HalfType(), DOT_LANES)
+    shorts = ir.VectorType(ir.IntType(16), DOT_LANES)
+    sums = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * DOT_LANES)) for _ in a_datas]
+    n = builder.sext(n_full, ir.IntType(64)) if n_full.type.width < 64 else n_full
+    with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, DOT_LANES))) as loop:
+        offset = builder.mul(loop.index, ir.Constant(loop.index.type, DOT_LANES))
+        y16 = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
+        y = builder.fpext(builder.bitcast(y16, halves), floats)
+        for a_data, acc in zip(a_datas, sums):
+            x = builder.load(builder.bitcast(builder.gep(a_data, [offset]), floats.as_pointer()), align=4)
+            builder.store(builder.fadd(builder.load(acc), builder.fmul(x, y, flags=PINNED), flags=PINNED), acc)
+    totals = []
+    for acc in sums:
+        total = builder.load(acc)
+        width = DOT_LANES
+        while width > 1:
+            width //= 2
+            index = ir.VectorType(ir.IntType(32), width)
+            low = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width))))
+            high = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width, 2 * width))))
+            total = builder.fadd(low, high, flags=PINNED)
+        totals.append(builder.extract_element(total, ir.Constant(ir.IntType(32), 0)))
+    return totals
+
+
 @intrinsic
 def dot_f32_f16_lanes(typingctx, a, bits, n_full):
     """sum(a[i] * float(bits[i]) for i < n_full), a float32[:] C-contiguous, bits the float16 bits
@@ -127,39 +164,93 @@ def dot_f32_f16_lanes(typingctx, a, bits, n_full):
     choice, so every compilation gives the same bits. Its float operations carry an explicit flag that
     permits nothing here (arcp), so that Numba's fast-math rewrite, which flags every unflagged float
     operation of a fast-math kernel, leaves them alone wherever this is inlined."""
-    ok = (
-        isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype == types.float32
-        and isinstance(bits, types.Array) and bits.ndim == 1 and bits.layout == "C" and bits.dtype == types.uint16
-        and isinstance(n_full, types.Integer)
-    )
-    if not ok:
+    if not (_is_c_vector(a, types.float32) and _is_c_vector(bits, types.uint16) and isinstance(n_full, types.Integer)):
         return None
     sig = types.float32(a, bits, n_full)
 
     def codegen(context, builder, signature, args):
         a_val, bits_val, n_val = args
-        a_data = context.make_array(signature.args[0])(context, builder, a_val).data
-        bits_data = context.make_array(signature.args[1])(context, builder, bits_val).data
-        floats = ir.VectorType(ir.FloatType(), DOT_LANES)
-        halves = ir.VectorType(ir.HalfType(), DOT_LANES)
-        shorts = ir.VectorType(ir.IntType(16), DOT_LANES)
-        sums = cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * DOT_LANES))
-        n = builder.sext(n_val, ir.IntType(64)) if n_val.type.width < 64 else n_val
-        with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, DOT_LANES))) as loop:
-            offset = builder.mul(loop.index, ir.Constant(loop.index.type, DOT_LANES))
-            x = builder.load(builder.bitcast(builder.gep(a_data, [offset]), floats.as_pointer()), align=4)
-            y16 = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
-            y = builder.fpext(builder.bitcast(y16, halves), floats)
-            builder.store(builder.fadd(builder.load(sums), builder.fmul(x, y, flags=PINNED), flags=PINNED), sums)
-        total = builder.load(sums)
-        width = DOT_LANES
-        while width > 1:
-            width //= 2
-            index = ir.VectorType(ir.IntType(32), width)
-            low = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width))))
-            high = builder.shuffle_vector(total, total, ir.Constant(index, list(range(width, 2 * width))))
-            total = builder.fadd(low, high, flags=PINNED)
-        return builder.extract_element(total, ir.Constant(ir.IntType(32), 0))
+        (total,) = _lane_dots(context, builder, [(signature.args[0], a_val)], (signature.args[1], bits_val), n_val)
+        return total
+
+    return sig, codegen
+
+
+@intrinsic
+def dot4_f32_f16_lanes(typingctx, a0, a1, a2, a3, bits, n_full):
+    """(dot_f32_f16_lanes(a_r, bits, n_full) for the four rows a0..a3), the same bits as four calls, with
+    bits read and widened once: the query heads that share a key head (grouped-query attention) against
+    one cached key."""
+    rows = (a0, a1, a2, a3)
+    if not (all(_is_c_vector(a, types.float32) for a in rows) and _is_c_vector(bits, types.uint16)
+            and isinstance(n_full, types.Integer)):
+        return None
+    sig = types.UniTuple(types.float32, 4)(a0, a1, a2, a3, bits, n_full)
+
+    def codegen(context, builder, signature, args):
+        totals = _lane_dots(context, builder, list(zip(signature.args[:4], args[:4])), (signature.args[4], args[4]), args[5])
+        return context.make_tuple(builder, signature.return_type, totals)
+
+    return sig, codegen
+
+
+def _lane_axpys(context, builder, weights, bits_array, n_full, y_arrays):
+    """The codegen of axpy_f16_lanes for several (weight, row) pairs over one float16 row: each chunk of
+    DOT_LANES float16 values is loaded and widened once, then y_r += w_r * x for every row (a product
+    rounded to float32, then a sum). Elementwise: each y_r[i] gets the scalar loop's bits.
+    weights: float32 values; y_arrays: (Numba type, value) of each row."""
+    floats = ir.VectorType(ir.FloatType(), DOT_LANES)
+    halves = ir.VectorType(ir.HalfType(), DOT_LANES)
+    shorts = ir.VectorType(ir.IntType(16), DOT_LANES)
+    lanes = ir.VectorType(ir.IntType(32), DOT_LANES)
+    splats = []
+    for w in weights:  # each weight in every lane
+        one = builder.insert_element(ir.Constant(floats, ir.Undefined), w, ir.Constant(ir.IntType(32), 0))
+        splats.append(builder.shuffle_vector(one, one, ir.Constant(lanes, [0] * DOT_LANES)))
+    bits_data = context.make_array(bits_array[0])(context, builder, bits_array[1]).data
+    y_datas = [context.make_array(t)(context, builder, v).data for t, v in y_arrays]
+    n = builder.sext(n_full, ir.IntType(64)) if n_full.type.width < 64 else n_full
+    with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, DOT_LANES))) as loop:
+        offset = builder.mul(loop.index, ir.Constant(loop.index.type, DOT_LANES))
+        x16 = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
+        x = builder.fpext(builder.bitcast(x16, halves), floats)
+        for w, y_data in zip(splats, y_datas):
+            where = builder.bitcast(builder.gep(y_data, [offset]), floats.as_pointer())
+            builder.store(builder.fadd(builder.load(where, align=4), builder.fmul(w, x, flags=PINNED), flags=PINNED),
+                          where, align=4)
+
+
+@intrinsic
+def axpy_f16_lanes(typingctx, w, bits, n_full, y):
+    """y[i] += w * float(bits[i]) for i < n_full (y float32[:] and bits uint16[:] C-contiguous, n_full a
+    multiple of DOT_LANES): a product rounded to float32, then a sum, as a scalar loop without fast-math
+    computes it, but packed (the scalar loop was not vectorised: ~60 cycles per 128 values)."""
+    if not (w == types.float32 and _is_c_vector(bits, types.uint16) and isinstance(n_full, types.Integer)
+            and _is_c_vector(y, types.float32)):
+        return None
+    sig = types.void(w, bits, n_full, y)
+
+    def codegen(context, builder, signature, args):
+        _lane_axpys(context, builder, [args[0]], (signature.args[1], args[1]), args[2], [(signature.args[3], args[3])])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def axpy4_f16_lanes(typingctx, w0, w1, w2, w3, bits, n_full, y0, y1, y2, y3):
+    """axpy_f16_lanes(w_r, bits, n_full, y_r) for four (weight, row) pairs, the same bits, with bits read
+    and widened once: the attention weights of four query heads applied to one cached value row."""
+    weights, ys = (w0, w1, w2, w3), (y0, y1, y2, y3)
+    if not (all(w == types.float32 for w in weights) and all(_is_c_vector(y, types.float32) for y in ys)
+            and _is_c_vector(bits, types.uint16) and isinstance(n_full, types.Integer)):
+        return None
+    sig = types.void(w0, w1, w2, w3, bits, n_full, y0, y1, y2, y3)
+
+    def codegen(context, builder, signature, args):
+        _lane_axpys(context, builder, list(args[:4]), (signature.args[4], args[4]), args[5],
+                    list(zip(signature.args[6:], args[6:])))
+        return context.get_dummy_value()
 
     return sig, codegen
 
