@@ -4,6 +4,9 @@ and the one-row matrix product through its per-weight plan against the general m
 
 from __future__ import annotations
 
+import math
+
+import numba
 import numpy as np
 import pytest
 
@@ -86,6 +89,33 @@ def test_attention_serial_twin_matches_the_parallel_kernel(rng, window, heads_pe
     got = np.empty_like(q)
     kernels.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), window, got, scores, heads_per_job)
     np.testing.assert_array_equal(bits(got), bits(want))
+
+
+@numba.njit(cache=False, fastmath=False)
+def _softmax_reference(row, best):
+    """The formula without the shortcut for underflowing arguments: exp of every one."""
+    total = np.float32(0.0)
+    for j in range(row.shape[0]):
+        e = np.float32(math.exp(row[j] - best))
+        row[j] = e
+        total += e
+    return np.float32(1.0) / total
+
+
+def test_softmax_skips_only_exps_that_round_to_zero():
+    # arguments from 0 down past the float32 underflow of exp (about -103.97), densely around the
+    # shortcut's threshold, plus -inf and NaN
+    near = np.nextafter(np.float32(-104.0), np.float32(0.0)) - np.arange(-2000, 2000, dtype=np.float32) * np.float32(1e-5)
+    args = np.concatenate([np.linspace(-200, 0, 20001, dtype=np.float32), near, np.float32([-np.inf, -1e30, np.nan])])
+    for best in (np.float32(0.0), np.float32(3.5)):
+        row = args + best
+        want_row = row.copy()
+        want = _softmax_reference(want_row, best)
+        got_row = row.copy()
+        got = kernels._softmax_in_place(got_row, 0, row.shape[0] - 1, best)
+        np.testing.assert_array_equal(got_row.view(np.uint32), want_row.view(np.uint32))
+        assert np.float32(got).view(np.uint32) == np.float32(want).view(np.uint32)
+    assert np.isnan(got_row[-1]) and got_row[-2] == 0.0 and got_row[-3] == 0.0
 
 
 @pytest.mark.parametrize("group, head_dim", [(1, 64), (2, 64), (4, 128), (5, 64), (8, 32), (4, 72), (7, 48)])

@@ -256,6 +256,31 @@ def axpy4_f16_lanes(typingctx, w0, w1, w2, w3, bits, n_full, y0, y1, y2, y3):
 
 
 @intrinsic
+def prefetch_lines(typingctx, array, n_bytes):
+    """Ask the cache for the 64-byte lines of the first n_bytes of `array` (a C-contiguous 1-D array;
+    llvm.prefetch into every level, as a read: never faults, so a range past the data is harmless)."""
+    if not (isinstance(array, types.Array) and array.ndim == 1 and array.layout == "C" and isinstance(n_bytes, types.Integer)):
+        return None
+    sig = types.void(array, n_bytes)
+
+    def codegen(context, builder, signature, args):
+        array_val, n_val = args
+        i8p = ir.IntType(8).as_pointer()
+        data = builder.bitcast(context.make_array(signature.args[0])(context, builder, array_val).data, i8p)
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8")
+        n = builder.sext(n_val, ir.IntType(64)) if n_val.type.width < 64 else n_val
+        lines = builder.sdiv(builder.add(n, ir.Constant(n.type, 63)), ir.Constant(n.type, 64))
+        with cgutils.for_range(builder, lines) as loop:
+            line = builder.gep(data, [builder.mul(loop.index, ir.Constant(loop.index.type, 64))])
+            builder.call(fn, [line, i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def fma_f32(typingctx, a, b, c):
     """a * b + c rounded once (llvm.fma.f32), float32. A call, not a reassociable fadd: a loop
     `acc = fma_f32(x, y, acc)` sums in its written order in every kernel it is inlined into (a fast-math
