@@ -22,7 +22,8 @@ What it measures, per round and thread count, each engine in turn (so drift in m
 - time from process start to the first generated token: a one-token greedy generation (`localllm run
   -n 1`, `llama-cli -n 1`), warm (Numba's cache filled) and cold (NUMBA_CACHE_DIR emptied: every
   kernel compiles); llama.cpp has no JIT, so its cold and warm differ only by the page cache.
-Prints medians with min-max, and localllm/llama.cpp ratios; --json writes everything.
+Prints medians with min-max, and localllm/llama.cpp ratios: of the medians, and per round (each round's
+two runs back to back; their median and range); --json writes everything.
 """
 
 from __future__ import annotations
@@ -89,6 +90,13 @@ def test_name(row) -> str:
     return f"{name}@d{row['n_depth']}" if row.get("n_depth") else name
 
 
+def paired_ratios(ours: list, theirs: list) -> list:
+    """localllm / llama.cpp per round: the two runs of a round are adjacent in time, so a drift of the
+    shared machine's speed that spans rounds cancels in each ratio (the median of these is the figure
+    to quote when the machine is noisy; the ratio of medians mixes rounds run at different speeds)."""
+    return [a / b for a, b in zip(ours, theirs)]
+
+
 def summarize(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
@@ -110,6 +118,7 @@ def main() -> None:
     print(f"localllm's BLAS (prefill): {blas_kernels()}", flush=True)
 
     samples: dict = {}  # (engine, test, threads) -> list of tok/s samples
+    round_means: dict = {}  # (engine, test, threads) -> the mean tok/s of each round, in round order
     rss: dict = {"localllm": [], "llama.cpp": []}
     for rnd in range(args.rounds):
         for t in threads:
@@ -122,6 +131,7 @@ def main() -> None:
                 rss[engine].append(peak)
                 for row in rows:
                     samples.setdefault((engine, test_name(row), t), []).extend(row["samples_ts"])
+                    round_means.setdefault((engine, test_name(row), t), []).append(row["avg_ts"])
                 print(f"round {rnd + 1} {engine} t={t}: " + ", ".join(
                     f"{test_name(r)} {r['avg_ts']:.1f} t/s" for r in rows), flush=True)
 
@@ -140,16 +150,19 @@ def main() -> None:
             ttft[label] = {"localllm": summarize(values_ours), "llama.cpp": summarize(values_theirs)}
 
     report = {"model": args.model, "threads": threads, "tests": {}, "peak_rss_bytes": {k: max(v) for k, v in rss.items() if v}, "first_token_seconds": ttft}
-    print(f"\n{'test':>12} {'thr':>4} {'localllm t/s':>22} {'llama.cpp t/s':>22} {'ratio':>8}")
+    print(f"\n{'test':>12} {'thr':>4} {'localllm t/s':>22} {'llama.cpp t/s':>22} {'ratio':>8} {'paired ratio':>22}")
     for (engine, test, t), values in sorted(samples.items()):
         if engine != "localllm":
             continue
         theirs = samples.get(("llama.cpp", test, t), [])
         ours_s, theirs_s = summarize(values), summarize(theirs) if theirs else None
         ratio = ours_s["median"] / theirs_s["median"] if theirs_s else float("nan")
-        report["tests"][f"{test}/t{t}"] = {"localllm": ours_s, "llama.cpp": theirs_s, "ratio": ratio}
+        paired = paired_ratios(round_means.get((engine, test, t), []), round_means.get(("llama.cpp", test, t), []))
+        report["tests"][f"{test}/t{t}"] = {"localllm": ours_s, "llama.cpp": theirs_s, "ratio": ratio,
+                                           "paired_ratio": summarize(paired) if paired else None}
         fmt = lambda s: f"{s['median']:.1f} [{s['min']:.1f}-{s['max']:.1f}]"  # noqa: E731
-        print(f"{test:>12} {t:>4} {fmt(ours_s):>22} {fmt(theirs_s) if theirs_s else '-':>22} {ratio:>7.2f}x")
+        paired_text = f"{statistics.median(paired):.2f}x [{min(paired):.2f}-{max(paired):.2f}]" if paired else "-"
+        print(f"{test:>12} {t:>4} {fmt(ours_s):>22} {fmt(theirs_s) if theirs_s else '-':>22} {ratio:>7.2f}x {paired_text:>22}")
     for engine, peak in report["peak_rss_bytes"].items():
         print(f"peak RSS {engine}: {peak / 2**20:.0f} MiB")
     for label, both in ttft.items():
