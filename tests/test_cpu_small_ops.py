@@ -118,6 +118,17 @@ def test_softmax_skips_only_exps_that_round_to_zero():
     assert np.isnan(got_row[-1]) and got_row[-2] == 0.0 and got_row[-3] == 0.0
 
 
+def test_heads_per_job_groups_unless_that_idles_a_thread(monkeypatch):
+    import localllm.backends.cpu as cpu
+
+    backend = CPUBackend(threads=1)
+    monkeypatch.setattr(cpu, "_numba_threads_now", lambda: 2)
+    assert backend._heads_per_job(1, 32, 8, parallel=True) == 4  # Llama-3-8B: 8 jobs of four heads
+    assert backend._heads_per_job(1, 4, 1, parallel=True) == 1  # Gemma 3 270M: one job of four would idle a thread
+    assert backend._heads_per_job(2, 4, 1, parallel=True) == 4  # two rows: two jobs
+    assert backend._heads_per_job(1, 4, 1, parallel=False) == 4  # the serial twin: one thread anyway
+
+
 @pytest.mark.parametrize("group, head_dim", [(1, 64), (2, 64), (4, 128), (5, 64), (8, 32), (4, 72), (7, 48)])
 def test_attention_grouped_heads_give_the_one_head_bits(rng, group, head_dim):
     """Four query heads that share a key head attend together (_attend4) with the bits each gets alone:

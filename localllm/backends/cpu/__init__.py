@@ -323,7 +323,8 @@ class CPUBackend(Backend):
         """4 (the query heads of a key head attend together, each cached row read once for four) unless
         that leaves fewer jobs than threads: Gemma 3 270M has one key head for its four query heads, and
         its four heads on two threads beat four together on one. Results are the same either way."""
-        if not parallel or kernels.attention_jobs(n_rows, n_head, n_head_kv, 4) >= _numba_threads_now():
+        # py_func: the same arithmetic without a Numba dispatch from Python (a few us, per layer and step)
+        if not parallel or kernels.attention_jobs.py_func(n_rows, n_head, n_head_kv, 4) >= _numba_threads_now():
             return 4
         return 1
 
