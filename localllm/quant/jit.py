@@ -16,6 +16,7 @@ Two decorators:
 from __future__ import annotations
 
 import hashlib
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -121,22 +122,30 @@ def _is_c_vector(t, dtype) -> bool:
     return isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C" and t.dtype == dtype
 
 
+@contextmanager
+def _f16_chunks(context, builder, bits_array, n_full):
+    """Codegen of a loop over the first n_full values of a float16 row (bits_array: its Numba type and
+    value, uint16 C-contiguous) DOT_LANES at a time: the body, inside the `with`, gets (the chunk's
+    element offset, the chunk widened to <DOT_LANES x float>)."""
+    bits_data = context.make_array(bits_array[0])(context, builder, bits_array[1]).data
+    halves = ir.VectorType(ir.HalfType(), DOT_LANES)
+    shorts = ir.VectorType(ir.IntType(16), DOT_LANES)
+    n = builder.sext(n_full, ir.IntType(64)) if n_full.type.width < 64 else n_full
+    with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, DOT_LANES))) as loop:
+        offset = builder.mul(loop.index, ir.Constant(loop.index.type, DOT_LANES))
+        chunk = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
+        yield offset, builder.fpext(builder.bitcast(chunk, halves), ir.VectorType(ir.FloatType(), DOT_LANES))
+
+
 def _lane_dots(context, builder, a_arrays, bits_array, n_full):
     """The codegen of dot_f32_f16_lanes for several float32 rows against one float16 row: each chunk of
     DOT_LANES float16 values is loaded and widened once and multiplied into every row's running sums;
     each row's sums are then added up by halves. Per row, the same operations in the same order as one
     row alone, so the results are the same bits. a_arrays: (Numba type, value) of each row."""
     a_datas = [context.make_array(t)(context, builder, v).data for t, v in a_arrays]
-    bits_data = context.make_array(bits_array[0])(context, builder, bits_array[1]).data
     floats = ir.VectorType(ir.FloatType(), DOT_LANES)
-    halves = ir.VectorType(ir.HalfType(), DOT_LANES)
-    shorts = ir.VectorType(ir.IntType(16), DOT_LANES)
     sums = [cgutils.alloca_once_value(builder, ir.Constant(floats, [0.0] * DOT_LANES)) for _ in a_datas]
-    n = builder.sext(n_full, ir.IntType(64)) if n_full.type.width < 64 else n_full
-    with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, DOT_LANES))) as loop:
-        offset = builder.mul(loop.index, ir.Constant(loop.index.type, DOT_LANES))
-        y16 = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
-        y = builder.fpext(builder.bitcast(y16, halves), floats)
+    with _f16_chunks(context, builder, bits_array, n_full) as (offset, y):
         for a_data, acc in zip(a_datas, sums):
             x = builder.load(builder.bitcast(builder.gep(a_data, [offset]), floats.as_pointer()), align=4)
             builder.store(builder.fadd(builder.load(acc), builder.fmul(x, y, flags=PINNED), flags=PINNED), acc)
@@ -200,20 +209,13 @@ def _lane_axpys(context, builder, weights, bits_array, n_full, y_arrays):
     rounded to float32, then a sum). Elementwise: each y_r[i] gets the scalar loop's bits.
     weights: float32 values; y_arrays: (Numba type, value) of each row."""
     floats = ir.VectorType(ir.FloatType(), DOT_LANES)
-    halves = ir.VectorType(ir.HalfType(), DOT_LANES)
-    shorts = ir.VectorType(ir.IntType(16), DOT_LANES)
     lanes = ir.VectorType(ir.IntType(32), DOT_LANES)
     splats = []
     for w in weights:  # each weight in every lane
         one = builder.insert_element(ir.Constant(floats, ir.Undefined), w, ir.Constant(ir.IntType(32), 0))
         splats.append(builder.shuffle_vector(one, one, ir.Constant(lanes, [0] * DOT_LANES)))
-    bits_data = context.make_array(bits_array[0])(context, builder, bits_array[1]).data
     y_datas = [context.make_array(t)(context, builder, v).data for t, v in y_arrays]
-    n = builder.sext(n_full, ir.IntType(64)) if n_full.type.width < 64 else n_full
-    with cgutils.for_range(builder, builder.sdiv(n, ir.Constant(n.type, DOT_LANES))) as loop:
-        offset = builder.mul(loop.index, ir.Constant(loop.index.type, DOT_LANES))
-        x16 = builder.load(builder.bitcast(builder.gep(bits_data, [offset]), shorts.as_pointer()), align=2)
-        x = builder.fpext(builder.bitcast(x16, halves), floats)
+    with _f16_chunks(context, builder, bits_array, n_full) as (offset, x):
         for w, y_data in zip(splats, y_datas):
             where = builder.bitcast(builder.gep(y_data, [offset]), floats.as_pointer())
             builder.store(builder.fadd(builder.load(where, align=4), builder.fmul(w, x, flags=PINNED), flags=PINNED),
