@@ -7,7 +7,7 @@ import numba
 import numpy as np
 import pytest
 
-from localllm.backends.cpu import kernels
+from localllm.backends.cpu import attention_decode, kernels
 from localllm.backends.cpu.attention_blas import BlasAttention
 
 
@@ -69,7 +69,7 @@ def test_blas_attention_matches_decode_kernel(case):
     BlasAttention()(q, cache_k, cache_v, start, 0.3, window, out)
     expected = np.zeros(q.shape, np.float32)
     scores = np.empty((n_tokens * n_head, start + n_tokens), np.float32)
-    kernels.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(0.3), window, expected, scores, 4)
+    attention_decode.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(0.3), window, expected, scores, 4)
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
 
 

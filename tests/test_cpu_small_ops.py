@@ -12,7 +12,7 @@ import pytest
 
 from localllm import quant
 from localllm.backends.base import Weight
-from localllm.backends.cpu import CPUBackend, kernels
+from localllm.backends.cpu import CPUBackend, attention_decode, kernels
 from localllm.backends.cpu.matmul import MatmulScratch, matmul
 
 
@@ -85,9 +85,9 @@ def test_attention_serial_twin_matches_the_parallel_kernel(rng, window, heads_pe
     cache_v = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16).view(np.uint16)
     scores = np.empty((3 * 8, start + 3), dtype=np.float32)
     want = np.empty_like(q)
-    kernels.attention(q, cache_k, cache_v, start, np.float32(0.125), window, want, scores, heads_per_job)
+    attention_decode.attention(q, cache_k, cache_v, start, np.float32(0.125), window, want, scores, heads_per_job)
     got = np.empty_like(q)
-    kernels.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), window, got, scores, heads_per_job)
+    attention_decode.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), window, got, scores, heads_per_job)
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
@@ -112,7 +112,7 @@ def test_softmax_skips_only_exps_that_round_to_zero():
         want_row = row.copy()
         want = _softmax_reference(want_row, best)
         got_row = row.copy()
-        got = kernels._softmax_in_place(got_row, 0, row.shape[0] - 1, best)
+        got = attention_decode._softmax_in_place(got_row, 0, row.shape[0] - 1, best)
         np.testing.assert_array_equal(got_row.view(np.uint32), want_row.view(np.uint32))
         assert np.float32(got).view(np.uint32) == np.float32(want).view(np.uint32)
     assert np.isnan(got_row[-1]) and got_row[-2] == 0.0 and got_row[-3] == 0.0
@@ -141,11 +141,11 @@ def test_attention_grouped_heads_give_the_one_head_bits(rng, group, head_dim):
     scores = np.empty((n_tokens * n_head, start + n_tokens), dtype=np.float32)
     results = {}
     for heads_per_job in (1, 4):
-        for kernel in (kernels.attention, kernels.attention_serial):
+        for kernel in (attention_decode.attention, attention_decode.attention_serial):
             out = np.empty_like(q)
             kernel(q, k16.view(np.uint16), v16.view(np.uint16), start, np.float32(0.125), window, out, scores, heads_per_job)
             results[heads_per_job, kernel] = out
-    first = results[1, kernels.attention]
+    first = results[1, attention_decode.attention]
     for out in results.values():
         np.testing.assert_array_equal(bits(out), bits(first))
     k, v = k16.astype(np.float64), v16.astype(np.float64)

@@ -11,7 +11,7 @@ import numba
 import numpy as np
 import pytest
 
-from localllm.backends.cpu import kernels
+from localllm.backends.cpu import attention_decode
 from localllm.quant.jit import DOT_LANES, axpy4_f16_lanes, axpy_f16_lanes, dot4_f32_f16_lanes, dot_f32_f16_lanes
 
 
@@ -84,7 +84,7 @@ def test_head_dot_adds_the_tail_in_order():
     expected = _emulated(a, b16, 64)
     for x, y in zip(a[64:], b16[64:].astype(np.float32)):
         expected = np.float32(expected + np.float32(x * y))
-    assert np.float32(kernels._dot_f16(a, b16.view(np.uint16))) == expected
+    assert np.float32(attention_decode._dot_f16(a, b16.view(np.uint16))) == expected
 
 
 def test_lanes_dot_refuses_strided_operands():

@@ -11,7 +11,7 @@ import numpy as np
 from ... import quant
 from ...errors import LocalLLMError
 from ..base import Backend, Weight
-from . import kernels
+from . import attention_decode, kernels
 from .attention_blas import BlasAttention
 from .matmul import (
     BLAS_MIN_ROWS,
@@ -314,7 +314,7 @@ class CPUBackend(Backend):
         if self._scores.size < needed:
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
-        kernel = kernels.attention if parallel else kernels.attention_serial
+        kernel = attention_decode.attention if parallel else attention_decode.attention_serial
         heads_per_job = self._heads_per_job(n_tokens, n_head, cache_k.shape[1], parallel)
         kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores,
                heads_per_job)
@@ -324,7 +324,7 @@ class CPUBackend(Backend):
         that leaves fewer jobs than threads: Gemma 3 270M has one key head for its four query heads, and
         its four heads on two threads beat four together on one. Results are the same either way."""
         # py_func: the same arithmetic without a Numba dispatch from Python (a few us, per layer and step)
-        if not parallel or kernels.attention_jobs.py_func(n_rows, n_head, n_head_kv, 4) >= _numba_threads_now():
+        if not parallel or attention_decode.attention_jobs.py_func(n_rows, n_head, n_head_kv, 4) >= _numba_threads_now():
             return 4
         return 1
 
@@ -359,7 +359,7 @@ class CPUBackend(Backend):
         if self._scores.size < needed:
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_kernel * n_head, n_keys)
-        kernels.attention_paged(
+        attention_decode.attention_paged(
             q, cache_k.view(np.uint16), cache_v.view(np.uint16), layout.tables, layout.row_seq,
             layout.positions, kernel_rows[:n_kernel], np.float32(scale), int(window), out, scores,
             self._heads_per_job(n_kernel, n_head, cache_k.shape[2], True),
