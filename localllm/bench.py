@@ -74,7 +74,8 @@ def _prefill(model, tokens, start: int, cache) -> None:
 def time_prompt(model, n_prompt: int, rng, session=None, depth: int = 0) -> int:
     """Nanoseconds to evaluate n_prompt random tokens from position `depth` (the session's cache holds
     the first `depth` positions; a new session when none is given)."""
-    session = session or model.new_session()
+    if session is None:
+        session = model.new_session()
     tokens = _random_tokens(n_prompt, model.decoder.hp.n_vocab, rng)
     t0 = time.perf_counter_ns()
     _prefill(model, tokens, depth, session.cache)
@@ -83,7 +84,8 @@ def time_prompt(model, n_prompt: int, rng, session=None, depth: int = 0) -> int:
 
 def time_generation(model, n_gen: int, rng, session=None, depth: int = 0) -> int:
     """Nanoseconds to decode n_gen tokens one at a time from position `depth` (as time_prompt)."""
-    session = session or model.new_session()
+    if session is None:
+        session = model.new_session()
     token = _random_tokens(1, model.decoder.hp.n_vocab, rng)
     t0 = time.perf_counter_ns()
     for pos in range(depth, depth + n_gen):

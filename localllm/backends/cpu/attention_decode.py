@@ -75,8 +75,9 @@ def _block_span(b, block_size, first, pos):
 # Heads that share a key head go four at a time through _attend4, which does per head exactly what
 # _attend does (the same operations in the same order) while reading and widening each cached key and
 # value once for the four: which heads are grouped never changes a result. Both walk the cache block by
-# block (no division per position) and keep the tail loops of a head size that is not a multiple of
-# DOT_LANES out of the loop over positions (as empty loops there they made it 2x slower).
+# block (no division per position). _attend4 takes head sizes that are multiples of DOT_LANES only and
+# has no tail loops (empty ones inside its loop over positions made it 2x slower); other sizes go
+# through _attend.
 @_ordered
 def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, row, dst):
     """dst = softmax(scale * K[first..pos] . qv) @ V[first..pos] for one head, position j of the cache
