@@ -74,3 +74,68 @@ def test_a_batch_quantizes_each_row_as_the_one_row_quantizer(kind, rows):
     for t in range(rows):
         for got, want in zip(batch, QuantizedActivation(kind, 1024).quantize(x[t])):
             np.testing.assert_array_equal(got[t], want, err_msg=f"row {t}")
+
+
+def _first_largest_magnitude(values):
+    """llama.cpp's scan in quantize_row_q8_K_ref, transcribed: (amax, the value), NaNs never counted."""
+    amax, vmax = np.float32(0.0), np.float32(0.0)
+    for v in values:
+        if abs(v) > amax:
+            amax, vmax = abs(v), v
+    return amax, vmax
+
+
+def _q8_k_reference(y):
+    """quantize_row_q8_K_ref, scalar, float32 arithmetic: (qs, d, bsums) for y float32[256 * k]."""
+    qs, d, sums = [], [], []
+    for block in y.reshape(-1, 256):
+        amax, vmax = _first_largest_magnitude(block)
+        if amax == 0:
+            qs += [0] * 256
+            d.append(np.float32(0.0))
+            sums += [0] * 16
+            continue
+        iscale = np.float32(-127.0) / vmax
+        q = [min(127, int(np.rint(iscale * v))) for v in block]
+        qs += q
+        d.append(np.float32(1.0) / iscale)
+        sums += [sum(q[16 * g : 16 * g + 16]) for g in range(16)]
+    return np.array(qs, np.int8), np.array(d, np.float32), np.array(sums, np.int32)
+
+
+def test_q8_k_keeps_the_first_value_of_largest_magnitude_and_its_sign():
+    """The vectorized search (largest_magnitude_bits) against the scalar scan on the blocks where the
+    choice matters: equal magnitudes of opposite signs in either order, signed zeros, one value alone."""
+    rng = np.random.default_rng(5)
+    blocks = rng.standard_normal((8, 256)).astype(np.float32)
+    blocks[0, [7, 200]] = [-9.0, 9.0]  # the first maximum is negative: the scale's sign follows it
+    blocks[1, [7, 200]] = [9.0, -9.0]
+    blocks[2, 100:] = blocks[2, 100:] * 0 - blocks[2, :156]  # every magnitude twice, the later negated
+    blocks[3] = 0.0
+    blocks[3, ::2] = -0.0  # all zero, both signs: the all-zero block
+    blocks[4] = 0.0
+    blocks[4, 255] = -1e-30  # a single (tiny) value, last
+    blocks[5, :] = 2.5
+    blocks[5, 31] = -2.5  # ties everywhere
+    y = blocks.reshape(-1)
+    got = QuantizedActivation("q8_k", y.size).quantize(y)
+    for name, ours, want in zip(("qs", "d", "bsums"), got, _q8_k_reference(y)):
+        np.testing.assert_array_equal(ours, want, err_msg=name)
+
+
+def test_largest_magnitude_search_passes_over_nans_and_counts_infinities():
+    from localllm.quant.activation import largest_magnitude_bits
+
+    rng = np.random.default_rng(6)
+    for case in range(40):
+        xb = (rng.standard_normal(256) * 10.0 ** rng.integers(-30, 30)).astype(np.float32)
+        xb[rng.integers(0, 256, 5)] = np.nan
+        if case % 4 == 0:
+            xb[rng.integers(0, 256, 2)] = [np.inf, -np.inf]
+        if case % 5 == 0:
+            xb[:] = np.nan
+        key = int(largest_magnitude_bits(xb))
+        amax, vmax = _first_largest_magnitude(xb)
+        assert np.array([key >> 32], np.uint32).view(np.float32)[0] == amax
+        if amax > 0:
+            assert xb[255 - (key & 0xFFFFFFFF)] == vmax and np.signbit(xb[255 - (key & 0xFFFFFFFF)]) == np.signbit(vmax)

@@ -16,10 +16,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import exact_kernel, round_to_f16
+from .jit import exact_kernel, f32_bits, round_to_f16
 
 QK8_0 = 32
 QK_K = 256
+
+
+_INFINITY_BITS = 0x7F800000  # float32 bits of +inf; a magnitude's bits above it are a NaN's
+
+
+@exact_kernel
+def largest_magnitude_bits(xb):
+    """(bits of |v|) << 32 | (n - 1 - j) for v = xb[j], the first value of the largest magnitude,
+    NaNs passed over; 0 in the high half when every value is zero or NaN. What llama.cpp's scalar scan
+    (`if (fabsf(v) > amax)`, first maximum kept) finds, as an integer max that vectorizes: the scan
+    itself compiled to a compare and branch per value (3.2 us for a 4096-float q8_k row, measured)."""
+    n = xb.shape[0]
+    best = np.int64(0)
+    for j in range(n):
+        bits = f32_bits(xb[j]) & 0x7FFFFFFF
+        counted = np.int64(bits if bits <= _INFINITY_BITS else 0)
+        best = max(best, (counted << 32) | (n - 1 - j))
+    return best
 
 
 @exact_kernel
@@ -57,29 +75,24 @@ def quantize_q8_k(x, qs, d, s):
     """
     nb = x.shape[0] // QK_K
     for b in range(nb):
-        base = b * QK_K
-        amax = np.float32(0.0)
-        vmax = np.float32(0.0)
-        for j in range(QK_K):
-            v = abs(x[base + j])
-            if v > amax:
-                amax = v
-                vmax = x[base + j]
-        if amax == np.float32(0.0):
+        xb, qb = x[b * QK_K : (b + 1) * QK_K], qs[b * QK_K : (b + 1) * QK_K]  # slices: no index wraparound in the loops
+        key = largest_magnitude_bits(xb)
+        if key >> 32 == 0:  # every value zero (or NaN)
             d[b] = np.float32(0.0)
             for j in range(QK_K):
-                qs[base + j] = 0
+                qb[j] = 0
             for g in range(QK_K // 16):
                 s[b * (QK_K // 16) + g] = 0
             continue
+        vmax = xb[QK_K - 1 - (key & 0xFFFFFFFF)]
         iscale = np.float32(-127.0) / vmax
         for j in range(QK_K):
-            q = np.int32(np.rint(iscale * x[base + j]))
-            qs[base + j] = min(127, q)
+            q = np.int32(np.rint(iscale * xb[j]))
+            qb[j] = min(127, q)
         for g in range(QK_K // 16):
             total = 0
             for j in range(16):
-                total += qs[base + g * 16 + j]
+                total += qb[g * 16 + j]
             s[b * (QK_K // 16) + g] = total
         d[b] = np.float32(1.0) / iscale
 

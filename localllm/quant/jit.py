@@ -314,6 +314,21 @@ def u32_as_f32(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def f32_bits(typingctx, value):
+    """The 32 bits of a float32 as an int32 (no conversion): with the sign bit cleared, their order
+    is the order of the magnitudes, for every value but NaN, which an integer max reduces in vector
+    registers where a float compare-and-keep loop stays scalar (quant.activation)."""
+    if not isinstance(value, types.Float) or value.bitwidth != 32:
+        return None
+    sig = types.int32(value)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return sig, codegen
+
+
 @exact_kernel
 def read_f16(buf, offset):
     """float32 value of the little-endian half stored at buf[offset:offset+2] (buf: uint8[:])."""
