@@ -110,7 +110,7 @@ def test_q8_k_keeps_the_first_value_of_largest_magnitude_and_its_sign():
     blocks = rng.standard_normal((8, 256)).astype(np.float32)
     blocks[0, [7, 200]] = [-9.0, 9.0]  # the first maximum is negative: the scale's sign follows it
     blocks[1, [7, 200]] = [9.0, -9.0]
-    blocks[2, 100:] = blocks[2, 100:] * 0 - blocks[2, :156]  # every magnitude twice, the later negated
+    blocks[2, 100:] = -blocks[2, :156]  # every magnitude twice, the later negated
     blocks[3] = 0.0
     blocks[3, ::2] = -0.0  # all zero, both signs: the all-zero block
     blocks[4] = 0.0
