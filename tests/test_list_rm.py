@@ -159,7 +159,7 @@ def test_show_json_adds_the_builtin_template_and_default_sampling(capsys, models
     assert code == 0, err
     info = json.loads(out)
     assert info["architecture"] == "qwen2" and info["chat_template"] is False
-    # A qwen2 file without its own template gets ChatML (localllm/chat/templates.py choose_builtin).
+    # A qwen2 file without its own template gets ChatML (localllm/chat/builtin.py choose_builtin).
     assert info["template"]["origin"] == "builtin" and info["template"]["name"] == "chatml"
     assert "<|im_start|>" in info["template"]["text"]
     assert info["sampling"] == {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,

@@ -21,8 +21,9 @@ import jinja2
 import jinja2.ext
 import pytest
 
-from localllm.chat.builtin import BUILTINS
-from localllm.chat.templates import MAX_OUTPUT_CHARS, ChatTemplate, choose_builtin
+from localllm.chat.builtin import BUILTINS, choose_builtin
+from localllm.chat.sandbox import MAX_OUTPUT_CHARS
+from localllm.chat.templates import ChatTemplate
 from localllm.errors import LocalLLMError, TemplateError
 
 OFFICIAL_DIR = Path(__file__).parent / "data" / "chat_templates"

@@ -27,7 +27,9 @@ official form insists on alternating user/assistant turns raise (via raise_excep
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -193,3 +195,54 @@ ZEPHYR = BuiltinTemplate(
 )
 
 BUILTINS: dict[str, BuiltinTemplate] = {t.name: t for t in (GEMMA, CHATML, LLAMA3, LLAMA2, MISTRAL, PHI3, ZEPHYR)}
+
+
+# -- choosing a built-in -------------------------------------------------------------------------------------
+
+_HINT_TOKENS = ("<start_of_turn>", "<|im_start|>", "<|start_header_id|>", "[INST]", "<|user|>", "<|end|>")
+
+
+def _vocabulary_hints(meta: Mapping[str, Any]) -> set[str]:
+    """Which of the telltale special tokens the file's vocabulary has (one pass over it)."""
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if tokens is None or isinstance(tokens, (str, bytes)):
+        return set()
+    try:
+        return set(_HINT_TOKENS).intersection(tokens)
+    except TypeError:  # unhashable elements: not a token list
+        return set()
+
+
+def choose_builtin(meta: Mapping[str, Any]) -> str:
+    """The built-in template for a file without its own: by architecture, then vocabulary hints.
+
+    gemma/gemma2/gemma3 -> gemma; qwen2/qwen3 -> chatml; phi3 -> phi3; llama -> llama3 when the vocabulary
+    has <|start_header_id|>, chatml when it has <|im_start|>, mistral when it has [INST], zephyr for a
+    model named so, else llama2. Unknown architectures go by the same token hints; chatml is the last resort
+    (as in llama.cpp)."""
+    arch = str(meta.get("general.architecture") or "").lower()
+    model_name = str(meta.get("general.name") or "").lower()
+    pre = str(meta.get("tokenizer.ggml.pre") or "").lower()
+    hints = _vocabulary_hints(meta)
+    if arch.startswith("gemma"):
+        return "gemma"
+    if arch.startswith("qwen"):
+        return "chatml"
+    if arch.startswith("phi3"):
+        return "phi3"
+    if "<start_of_turn>" in hints:
+        return "gemma"
+    if "<|start_header_id|>" in hints or pre in ("llama-bpe", "llama3"):
+        return "llama3"
+    if "<|im_start|>" in hints or pre.startswith("qwen"):
+        return "chatml"
+    if {"<|user|>", "<|end|>"} <= hints:
+        return "phi3"
+    if "[INST]" in hints or arch == "mistral":
+        return "mistral"
+    if "zephyr" in model_name:
+        return "zephyr"
+    if arch == "llama":
+        return "llama2"
+    return "chatml"
+
