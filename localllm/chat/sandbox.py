@@ -3,8 +3,9 @@
 A template in a downloaded file is untrusted input. The sandbox already refuses private attributes,
 unsafe callables, mutation of the data, and `range()` over more than 100,000 items; on top of that the
 renderer bounds what a hostile template can cost:
-- the output, and every value built on the way, at MAX_OUTPUT_CHARS characters plus twice the size of
-  the messages and tools (so very long conversations still render): operations that can
+- the output, and every value built on the way, at MAX_OUTPUT_CHARS characters plus the room the caller
+  gives (ChatTemplate: twice the size of the messages and tools, so very long conversations still
+  render): operations that can
   multiply sizes (`*` repetition, `%` and `str.format`, join, replace, indent, wordwrap, expandtabs,
   tojson's indentation) are estimated from their inputs *before* they run, the rest (`~`, `+`, filter
   and call results, every printed value) checked on their results; numeric arguments of filters and
