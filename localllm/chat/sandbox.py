@@ -5,9 +5,8 @@ unsafe callables, mutation of the data, and `range()` over more than 100,000 ite
 renderer bounds what a hostile template can cost:
 - the output, and every value built on the way, at MAX_OUTPUT_CHARS characters plus the room the caller
   gives (ChatTemplate: twice the size of the messages and tools, so very long conversations still
-  render): operations that can
-  multiply sizes (`*` repetition, `%` and `str.format`, join, replace, indent, wordwrap, expandtabs,
-  tojson's indentation) are estimated from their inputs *before* they run, the rest (`~`, `+`, filter
+  render): operations that can multiply sizes (`*` repetition, `%` and `str.format`, join, replace,
+  indent, wordwrap, expandtabs, tojson's indentation) are estimated from their inputs *before* they run, the rest (`~`, `+`, filter
   and call results, every printed value) checked on their results; numeric arguments of filters and
   calls may not exceed the limit either; `lipsum` is removed;
 - `**` to small results;
