@@ -104,7 +104,7 @@ class _Seq:
 
 
 @pytest.mark.parametrize("window", [0, 5])
-@pytest.mark.parametrize("n_new", [1, 3, 10])  # decode row, short chunk (Numba kernel), long chunk (BLAS)
+@pytest.mark.parametrize("n_new", [1, 3, 40])  # decode row, short chunk (Numba kernel), >= BLAS_MIN_ROWS (BLAS)
 def test_paged_store_and_attention_equal_the_contiguous_ops(ops, window, n_new):
     rng = np.random.default_rng(n_new + window)
     n_heads, n_kv, dim, n_past = 4, 2, 8, 9
@@ -113,14 +113,14 @@ def test_paged_store_and_attention_equal_the_contiguous_ops(ops, window, n_new):
     v = rng.standard_normal((n_total, n_kv, dim)).astype(np.float32)
     q = rng.standard_normal((n_new, n_heads, dim)).astype(np.float32)
     # contiguous: the past, then the new rows
-    ck, cv = np.zeros((32, n_kv, dim), np.float16), np.zeros((32, n_kv, dim), np.float16)
+    ck, cv = np.zeros((64, n_kv, dim), np.float16), np.zeros((64, n_kv, dim), np.float16)
     ops.kv_store(ck, cv, k[:n_past], v[:n_past], 0)
     ops.kv_store(ck, cv, k[n_past:], v[n_past:], n_past)
     expected = np.zeros_like(q)
     ops.attention(q, ck, cv, n_past, 0.3, window, expected)
     # paged: a scrambled block table, and a second sequence in the same step (one decode row)
-    pk, pv = np.zeros((12, BS, n_kv, dim), np.float16), np.zeros((12, BS, n_kv, dim), np.float16)
-    table = [7, 2, 10, 0, 5][: -(-n_total // BS)]
+    pk, pv = np.zeros((16, BS, n_kv, dim), np.float16), np.zeros((16, BS, n_kv, dim), np.float16)
+    table = [7, 2, 10, 0, 5, 15, 1, 12, 6, 9, 11, 13, 14][: -(-n_total // BS)]
     other = _Seq([3, 4, 8])
     me = _Seq(table)
     past = LayoutBuilder(BS).build([(me, list(range(n_past)), 0)], n_rowwise=0)
@@ -168,8 +168,10 @@ def test_matmul_rows_equals_one_row_matmuls_for_every_weight_type(gemma):
 
 def test_batched_forward_gives_each_sequence_its_single_sequence_logits(gemma):
     dec = gemma.decoder
-    a = gemma.tokenize("The quick brown fox jumps over the lazy dog and keeps running")  # > 8 tokens: BLAS
-    b = gemma.tokenize("Hello there")  # < 8 tokens: row by row
+    # Gemma's weight types all have multi-row integer kernels: no product here goes through BLAS
+    # (every type, and chunks past BLAS_MIN_ROWS: tests/test_batched_equality.py)
+    a = gemma.tokenize("The quick brown fox jumps over the lazy dog and keeps running")
+    b = gemma.tokenize("Hello there")
     # single-sequence references: prefill, then one decode step each
     refs = {}
     for name, ids in (("a", a), ("b", b)):
@@ -198,8 +200,9 @@ def test_batched_forward_gives_each_sequence_its_single_sequence_logits(gemma):
 
 
 def test_matmul_segments_equals_each_segment_alone(gemma):
-    """Several prompt chunks in one call (tiles dequantized once for all) give each chunk exactly what
-    matmul gives it alone: chunks of 12 and 9 rows go through BLAS, one of 3 rows row by row."""
+    """Several prompt chunks in one call give each chunk exactly what matmul gives it alone: chunks of 12,
+    3 and 9 rows, all through the integer kernels (Gemma's types have multi-row kernels; chunks through
+    BLAS, beside short ones, for every type: tests/test_batched_equality.py)."""
     ops, rng = gemma.backend, np.random.default_rng(1)
     bounds = (0, 12, 15, 24)
     for suffix in ("attn_q", "attn_output", "ffn_down", "ffn_up"):
@@ -216,8 +219,8 @@ def test_matmul_segments_equals_each_segment_alone(gemma):
 def test_a_step_with_several_prompt_chunks_gives_each_its_single_sequence_logits(gemma):
     dec = gemma.decoder
     prompts = {
-        "a": gemma.tokenize("The quick brown fox jumps over the lazy dog and keeps running"),  # BLAS chunk
-        "b": gemma.tokenize("Hello there"),  # row by row
+        "a": gemma.tokenize("The quick brown fox jumps over the lazy dog and keeps running"),
+        "b": gemma.tokenize("Hello there"),
         "c": gemma.tokenize("A longer second prompt, also through BLAS, about rivers and seas"),
         "d": gemma.tokenize("Decode"),
     }

@@ -4,8 +4,11 @@ Every step the engine admits queued requests while there are free slots (`parall
 then runs ONE forward pass over all active sequences: one row per decoding sequence (its last sampled
 token) plus the next prompt chunk of the sequences still reading their prompts, oldest first, as many
 as fit in one chunk's rows (PREFILL_CHUNK) together (the first always runs). Each weight is read once
-per step for all of them, and dequantized once for all the prompt chunks (Backend.matmul_segments). Each sequence samples from its own logits with its own Sampler (own seed,
-penalties, stop strings), and its events go to the request's asyncio queue. A request cancelled by its
+per step for all of them (Backend.matmul_segments): the prompt chunks of BLAS_MIN_ROWS rows or more, for
+a type without multi-row kernels, share each dequantized tile for their own BLAS products; the other
+chunks (every chunk, for the types with multi-row kernels) go through the row kernels in one call, each
+row as the row kernels compute it alone. Each sequence samples from its own logits with its own Sampler
+(own seed, penalties, stop strings), and its events go to the request's asyncio queue. A request cancelled by its
 client (stream closed) is dropped, and its blocks freed, at the start of the next step.
 
 Sequence results do not depend on the batch: decode rows are computed row by row with the one-row
