@@ -14,6 +14,7 @@ from localllm.hub.pull import HubRef
 from localllm.hub.resolve import DownloadDeclined, remote_ref, resolve_local, resolve_model
 from localllm.model.archs import ARCHITECTURES
 
+from fake_hub import fake_hub  # noqa: F401  (the fixture)
 from tiny_models import write_tiny_model
 
 TOP_LEVEL_MODELS = Path(__file__).resolve().parents[1] / "models"
@@ -211,3 +212,191 @@ def test_remote_ref_for_pull():
     assert remote_ref("unsloth/Foo-GGUF:Q8_0") == HubRef("unsloth/Foo-GGUF", quant="Q8_0")
     assert remote_ref("no-such-model") is None
     assert remote_ref("./local.gguf") is None
+
+
+# -- Ollama's names (models/ollama.toml) ---------------------------------------------------------------------
+
+
+def _ollama_table() -> dict:
+    """models/ollama.toml as plain TOML, read without the registry's loader."""
+    return reg.tomllib.loads((TOP_LEVEL_MODELS / "ollama.toml").read_text(encoding="utf-8"))
+
+
+def test_the_ollama_table_ships_in_the_package():
+    import fnmatch
+
+    pyproject = reg.tomllib.loads((TOP_LEVEL_MODELS.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["localllm.hub"]
+    assert any(fnmatch.fnmatch("models/ollama.toml", pattern) for pattern in patterns)
+    assert (reg.registry_dir() / "ollama.toml").is_file()
+    assert reg.default_registry().ollama  # read by the registry every command uses
+
+
+def test_every_ollama_tag_resolves_to_the_registry_entry_it_names(registry):
+    entries = {e.name for e in registry.entries}
+    table = _ollama_table()
+    assert len(table) >= 12
+    for model, tags in table.items():
+        for tag, entry in tags.items():
+            if tag == "latest":
+                # a bare name and NAME:latest mean the entry of the tag `latest` names
+                wanted = tags[entry]
+                assert registry.lookup(model).entry.name == registry.lookup(f"{model}:latest").entry.name == wanted
+                continue
+            assert entry in entries, f"{model}:{tag} -> {entry}"
+            choice = registry.lookup(f"{model}:{tag}")
+            assert choice.entry.name == entry and choice.quant.quant == choice.entry.default_quant
+
+
+# Expected entries from Ollama's library pages: the default (`latest`) size of each family, and what each
+# tag is (llama3 = Llama 3 8B Instruct, mistral = 7B Instruct v0.3, phi3 = mini (3.8B) 4k instruct ...).
+@pytest.mark.parametrize("typed, entry", [
+    ("llama3", "llama-3-8b-instruct"),
+    ("llama3:8b", "llama-3-8b-instruct"),
+    ("llama3:latest", "llama-3-8b-instruct"),
+    ("llama3.1", "llama-3.1-8b-instruct"),
+    ("llama3.1:8b", "llama-3.1-8b-instruct"),
+    ("llama3.2", "llama-3.2-3b-instruct"),
+    ("llama3.2:1b", "llama-3.2-1b-instruct"),
+    ("qwen2.5", "qwen2.5-7b-instruct"),
+    ("qwen2.5:7b", "qwen2.5-7b-instruct"),
+    ("qwen2.5:0.5b", "qwen2.5-0.5b-instruct"),
+    ("qwen2.5-coder", "qwen2.5-coder-7b-instruct"),
+    ("qwen3", "qwen3-8b"),
+    ("qwen3:8b", "qwen3-8b"),
+    ("qwen3:0.6b", "qwen3-0.6b"),
+    ("gemma3", "gemma-3-4b-it"),
+    ("gemma3:4b", "gemma-3-4b-it"),
+    ("gemma3:270m", "gemma-3-270m-it"),
+    ("mistral", "mistral-7b-instruct-v0.3"),
+    ("mistral:7b", "mistral-7b-instruct-v0.3"),
+    ("mistral:v0.2", "mistral-7b-instruct-v0.2"),
+    ("phi3", "phi-3-mini-4k-instruct"),
+    ("phi3:mini", "phi-3-mini-4k-instruct"),
+    ("phi3.5", "phi-3.5-mini-instruct"),
+    ("tinyllama", "tinyllama-1.1b-chat"),
+    ("smollm2", "smollm2-1.7b-instruct"),
+    ("deepseek-r1:1.5b", "deepseek-r1-distill-qwen-1.5b"),
+    ("Qwen3:8B", "qwen3-8b"),
+])
+def test_the_issues_ollama_names_resolve(typed, entry):
+    # The packaged registry (localllm/hub/models -> models/), as every command reads it.
+    choice = reg.default_registry().lookup(typed)
+    assert choice is not None and choice.entry.name == entry
+
+
+@pytest.mark.parametrize("typed, repo, filename", [
+    ("llama3.1:8b-instruct-q8_0", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF", "Meta-Llama-3.1-8B-Instruct-Q8_0.gguf"),
+    ("qwen3:8b-q4_K_M", "Qwen/Qwen3-8B-GGUF", "Qwen3-8B-Q4_K_M.gguf"),
+    ("gemma3:4b-it-q8_0", "bartowski/google_gemma-3-4b-it-GGUF", "google_gemma-3-4b-it-Q8_0.gguf"),
+    ("llama3.2:1b", "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q4_K_M.gguf"),
+])
+def test_an_ollama_tag_with_a_quant_is_that_file(typed, repo, filename):
+    ref = remote_ref(typed)
+    assert (ref.repo_id, ref.filename) == (repo, filename)
+    assert reg.default_registry().lookup("phi3:3.8b-mini-4k-instruct-fp16").quant.quant == "F16"  # Ollama's fp16
+
+
+@pytest.mark.parametrize("typed, hint", [
+    ("deepseek-r1", "deepseek-r1:1.5b"),  # Ollama's latest (R1-0528 Qwen3 8B) has no entry: no guess
+    ("llama3:70b", "llama3:8b"),  # a size with no entry
+    ("llama3.1:8b-instruct-q4_0", "llama3.1:8b-instruct-q"),  # a quant the entry does not list
+])
+def test_an_ollama_name_without_an_entry_gets_the_closest_names(typed, hint):
+    with pytest.raises(ModelNotFound, match=rf"^unknown model '{re.escape(typed)}'; did you mean .*{re.escape(hint)}"):
+        resolve_model(typed)
+
+
+_ENTRY = {"name": "x-1b-instruct", "family": "x", "params": "1b", "variant": "instruct", "license": "mit",
+          "arch": "llama", "repo": "u/x-GGUF", "default_quant": "Q4_K_M",
+          "files": [{"quant": "Q4_K_M", "file": "x-Q4_K_M.gguf", "size_gb": 0.8}]}
+
+
+@pytest.mark.parametrize("ollama, message", [
+    ('[x]\nlatest = "1b"\n"1b" = "x-2b-instruct"\n', "x:1b names 'x-2b-instruct', which is no entry"),
+    ('[x]\nlatest = "2b"\n"1b" = "x-1b-instruct"\n', "`latest` must name one of its tags (1b)"),
+    ('[X]\n"1b" = "x-1b-instruct"\n', "expected a table named as Ollama names the model"),
+    ('[x]\n"1B" = "x-1b-instruct"\n', "tag '1B' is not a lower-case Ollama tag"),
+    ('[x]\nlatest = "1b"\n"1b" = "x-1b-instruct"\n["x-1b"]\nlatest = "1b"\n"1b" = "y-1b"\n', "name 'x-1b' of Ollama's x-1b is also x-1b-instruct's"),
+])
+def test_a_malformed_ollama_table_fails_loading_with_its_place(tmp_path, ollama, message):
+    other = {**_ENTRY, "name": "y-1b", "family": "y", "variant": "", "repo": "u/y-GGUF",
+             "files": [{"quant": "Q4_K_M", "file": "y-Q4_K_M.gguf", "size_gb": 0.8}]}
+    (tmp_path / "x.toml").write_text(_toml({**_ENTRY, "aliases": ["x-1b"]}) + _toml(other))
+    (tmp_path / "ollama.toml").write_text(ollama)
+    with pytest.raises(reg.RegistryError, match=re.escape(message)) as info:
+        reg.load_registry(tmp_path)
+    assert "ollama.toml [" in str(info.value)
+
+
+# -- every command that takes MODEL takes the same names -----------------------------------------------------
+
+
+def _run_cli(capsys, *args):
+    from localllm.cli.app import main
+
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def pulled_llama(models_dir):
+    """A tiny model standing in for llama-3.2-1b (Ollama's llama3.2:1b), recorded as pulled from its repo."""
+    path = Path(write_tiny_model(models_dir / "Llama-3.2-1B-Instruct-Q4_K_M.gguf", "llama", "Q8_0", seed=5))
+    _record(models_dir, path, "bartowski/Llama-3.2-1B-Instruct-GGUF")
+    return path
+
+
+def test_quantize_takes_a_model_name(capsys, pulled_llama, tmp_path):
+    for name in ("llama3.2:1b", "llama-3.2-1b", "Llama-3.2-1B-Instruct-Q4_K_M"):
+        code, out, err = _run_cli(capsys, "quantize", name, tmp_path / "x.gguf", "--int4", "--allow-requantize", "--dry-run")
+        assert code == 0, err
+        assert out.startswith(f"{pulled_llama} -> Q4_K_M")
+    code, out, err = _run_cli(capsys, "quantize", "llama3.2:1b", tmp_path / "x.gguf", "--type", "F32", "--allow-requantize")
+    assert code == 0, err
+    from localllm.gguf import GGUFReader
+
+    with GGUFReader(tmp_path / "x.gguf") as written, GGUFReader(pulled_llama) as source:
+        assert set(written.tensors) == set(source.tensors)
+
+
+def test_perplexity_and_bench_take_an_ollama_name(capsys, pulled_llama, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the cat sat on the mat and the dog lay by the door; " * 6)
+    runs = [_run_cli(capsys, "perplexity", model, "--file", text, "--ctx", "16", "--json") for model in ("llama3.2:1b", pulled_llama)]
+    assert runs[0][0] == 0, runs[0][2]
+    assert runs[0] == runs[1]  # the same file, so the same figures
+    code, out, err = _run_cli(capsys, "bench", "llama3.2:1b", "-p", "0", "-n", "2", "-t", "1", "-r", "1", "--json")
+    assert code == 0, err
+    import json
+
+    assert json.loads(out)[0]["model_filename"] == str(pulled_llama)
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "{}", "hi"], ["show", "{}"], ["pull", "{}"], ["quantize", "{}", "out.gguf", "--int8"],
+    ["perplexity", "{}", "--file", "t.txt"], ["bench", "{}"],
+])
+def test_a_typo_gets_the_same_closest_names_in_every_command(capsys, models_dir, tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.txt").write_text("some text to measure on, long enough " * 4)
+    code, out, err = _run_cli(capsys, *[part.format("lama3.2:1b") for part in command])
+    assert (code, out) == (1, "")
+    assert err.startswith("error: unknown model 'lama3.2:1b'; did you mean llama3.2:1b, ") and err.count("\n") == 1
+    from localllm.hub.resolve import not_found_error
+
+    assert err == f"error: {not_found_error('lama3.2:1b')}\n"  # the very line `run` prints
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "t.txt"]
+
+
+def test_pull_takes_an_ollama_name_and_the_default(fake_hub, capsys, models_dir):
+    repo, wanted = "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q8_0.gguf"
+    fake_hub.add_file(repo, "Llama-3.2-1B-Instruct-Q4_K_M.gguf", b"4" * 2000)
+    fake_hub.add_file(repo, wanted, b"8" * 3000)
+    code, out, err = _run_cli(capsys, "pull", "llama3.2:1b-instruct-q8_0")
+    assert (code, out, err) == (0, f"{models_dir / wanted}\n", "")
+    assert (models_dir / wanted).read_bytes() == b"8" * 3000
+    code, out, err = _run_cli(capsys, "pull", "gemma-3-270m")  # built in: assembled, not downloaded
+    assert (code, err) == (0, "") and out == f"{models_dir / 'gemma-3-270m-q4_k_m.gguf'}\n"
+    assert (models_dir / "gemma-3-270m-q4_k_m.gguf").stat().st_size == default_model_path().stat().st_size

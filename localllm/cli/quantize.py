@@ -24,7 +24,7 @@ class Terminated(BaseException):
 
 
 def quantize(
-    input_path: Path = typer.Argument(..., metavar="INPUT", help="GGUF file (F32/F16/BF16; quantized ones need --allow-requantize) or a Hugging Face model directory."),
+    input_name: str = typer.Argument(..., metavar="INPUT", help="GGUF file or model name as `run` takes it (F32/F16/BF16; quantized ones need --allow-requantize), or a Hugging Face model directory."),
     output: Path = typer.Argument(..., metavar="OUTPUT", help="The GGUF file to write."),
     type_: Optional[str] = typer.Option(None, "--type", help=f"Quantization: {TYPE_NAMES} (llama.cpp's mixes)."),
     int8: bool = typer.Option(False, "--int8", help="Same as --type Q8_0."),
@@ -41,6 +41,7 @@ def quantize(
     from ..quantize import dry_run as plan_only, quantize_file
 
     file_type = _file_type(type_, int8, int4)
+    input_path = _input_path(input_name)
     options = dict(output_type=output_tensor_type, token_embedding_type=token_embedding_type, pure=pure, allow_requantize=allow_requantize)
     if dry_run:
         _print_plan(plan_only(input_path, file_type, **options), input_path)
@@ -59,6 +60,18 @@ def quantize(
         f" in {result.seconds:.1f} s on {result.threads} threads",
         soft_wrap=True,
     )
+
+
+def _input_path(name: str) -> Path:
+    """INPUT as typed: an existing path is itself (a Hugging Face directory is converted); anything else
+    resolves as MODEL does for `run` and `show` (models directory, registry or Ollama name already pulled,
+    the default model), without downloading."""
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    from ..hub.resolve import resolve_model
+
+    return resolve_model(name)
 
 
 def _file_type(type_: Optional[str], int8: bool, int4: bool) -> str:

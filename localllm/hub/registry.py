@@ -8,6 +8,9 @@ alias `llama-3.1-8b` and quants Q4_K_M and Q8_0,
     llama-3.1-8b-instruct-q4_k_m, llama-3.1-8b-q4_k_m     -> that quant
     llama-3.1-8b-instruct-q4, llama-3.1-8b-q4             -> the first listed quant with 4 bits
 
+Ollama's library names (models/ollama.toml, see `_ollama_names_of`) are typed names too: `llama3.2:1b`,
+`llama3.2` (its `latest` tag), `llama3.2:1b-instruct-q8_0` (a quant the entry lists).
+
 Lookup ignores case. The TOML files are read once per process, when a name is first looked up.
 """
 
@@ -32,6 +35,9 @@ _NAME = re.compile(r"[a-z0-9][a-z0-9.]*(-[a-z0-9][a-z0-9.]*)*")
 # llama.cpp's quant names (Q4_K_M, Q8_0, IQ4_XS, F16, BF16 ...); the bit count is the first number.
 _QUANT = re.compile(r"(I?Q[1-8](_[0-9A-Z]+)*|F16|BF16|F32)")
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+# An Ollama model name or tag as models/ollama.toml spells them: lower case (Ollama's own are).
+_OLLAMA_WORD = re.compile(r"[a-z0-9][a-z0-9._-]*")
+OLLAMA_FILE = "ollama.toml"  # not [[model]] entries: Ollama's names for them
 _REQUIRED = ("name", "family", "params", "variant", "license", "arch", "repo", "default_quant", "files")
 
 
@@ -96,19 +102,38 @@ class Choice:
         return self.quant.size_gb
 
 
+@dataclass(frozen=True)
+class OllamaModel:
+    """One model of Ollama's library and the registry entry each of its tags means."""
+
+    name: str  # as Ollama's library names it: "llama3.2"
+    latest: str | None  # the tag the bare name means ("3b"); None: the bare name means no entry here
+    tags: dict  # tag -> entry name: {"1b": "llama-3.2-1b-instruct", "3b": "llama-3.2-3b-instruct"}
+    source: str  # for messages
+
+
 class Registry:
-    def __init__(self, entries: list[ModelEntry]):
+    def __init__(self, entries: list[ModelEntry], ollama: list[OllamaModel] = ()):
         self.entries = entries
+        self.ollama = list(ollama)
         self.names: dict[str, Choice] = {}
         self._by_file: dict[tuple[str, str], Choice] = {}
         for entry in entries:
             for name, choice in _names_of(entry):
-                other = self.names.get(name)
-                if other is not None and other != choice:
-                    raise RegistryError(f"{entry.source}: name '{name}' of {entry.name} is also {other.entry.name}'s")
-                self.names[name] = choice
+                self._claim(name, choice, entry.source, entry.name)
             for quant in entry.files:
                 self._by_file[(entry.repo.lower(), quant.file.lower())] = Choice(entry, quant)
+        by_name = {entry.name: entry for entry in entries}
+        for model in self.ollama:
+            for name, choice in _ollama_names_of(model, by_name):
+                self._claim(name, choice, model.source, f"Ollama's {model.name}")
+
+    def _claim(self, name: str, choice: Choice, source: str, claimant: str) -> None:
+        """Register a typed name; a name two different files answer to is an error in the data."""
+        other = self.names.get(name)
+        if other is not None and other != choice:
+            raise RegistryError(f"{source}: name '{name}' of {claimant} is also {other.entry.name}'s")
+        self.names[name] = choice
 
     def lookup(self, name: str) -> Choice | None:
         return self.names.get(name.strip().lower())
@@ -147,6 +172,27 @@ def _names_of(entry: ModelEntry):
                 yield f"{base}-{bits}", Choice(entry, quant)
 
 
+def _ollama_names_of(model: OllamaModel, entries: dict[str, ModelEntry]):
+    """(typed name, Choice) pairs for an Ollama model: NAME:TAG and NAME:TAG-QUANT for each tag (QUANT as
+    Ollama spells it, any case: q4_K_M, q8_0, fp16), and NAME, NAME:latest for its `latest` tag."""
+    for tag, entry_name in model.tags.items():
+        entry = entries[entry_name]
+        yield f"{model.name}:{tag}", Choice(entry, entry.file_for(entry.default_quant))
+        for quant in entry.files:
+            for spelling in _ollama_quant_spellings(quant.quant):
+                yield f"{model.name}:{tag}-{spelling}", Choice(entry, quant)
+    if model.latest is not None:
+        entry = entries[model.tags[model.latest]]
+        default = Choice(entry, entry.file_for(entry.default_quant))
+        yield model.name, default
+        yield f"{model.name}:latest", default
+
+
+def _ollama_quant_spellings(quant: str) -> tuple[str, ...]:
+    """Ollama writes llama.cpp's quant names in its tags as q4_K_M, q8_0, and F16 as fp16."""
+    return (quant.lower(), "fp16") if quant == "F16" else (quant.lower(),)
+
+
 # -- loading and validation ----------------------------------------------------------------------------------
 
 
@@ -169,20 +215,46 @@ def default_registry() -> Registry:
 
 
 def load_registry(directory: Path) -> Registry:
-    files = sorted(directory.glob("*.toml"))
+    files = sorted(path for path in directory.glob("*.toml") if path.name != OLLAMA_FILE)
     if not files:
         raise RegistryError(f"no model registry files (*.toml) in {directory}")
     entries = []
     for path in files:
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-            raise RegistryError(f"{path}: {exc}") from None
+        data = _read_toml(path)
         models = data.get("model", [])
         if not isinstance(models, list) or set(data) - {"model"}:
             raise RegistryError(f"{path}: expected only [[model]] tables")
         entries.extend(_entry(raw, f"{path.name} entry {i + 1}") for i, raw in enumerate(models))
-    return Registry(entries)
+    ollama_path = directory / OLLAMA_FILE
+    ollama = _ollama_models(ollama_path, {e.name for e in entries}) if ollama_path.is_file() else []
+    return Registry(entries, ollama)
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RegistryError(f"{path}: {exc}") from None
+
+
+def _ollama_models(path: Path, entry_names: set[str]) -> list[OllamaModel]:
+    """models/ollama.toml: one table per Ollama model, tag = "entry name", plus `latest` = "tag"."""
+    models = []
+    for name, raw in _read_toml(path).items():
+        where = f"{path.name} [{name}]"
+        if not _OLLAMA_WORD.fullmatch(name) or not isinstance(raw, dict):
+            raise RegistryError(f"{where}: expected a table named as Ollama names the model (lower case)")
+        tags = {tag: value for tag, value in raw.items() if tag != "latest"}
+        for tag, value in tags.items():
+            if not _OLLAMA_WORD.fullmatch(tag):
+                raise RegistryError(f"{where}: tag '{tag}' is not a lower-case Ollama tag")
+            if not isinstance(value, str) or value not in entry_names:
+                raise RegistryError(f"{where}: {name}:{tag} names {value!r}, which is no entry of models/*.toml")
+        latest = raw.get("latest")
+        if not tags or (latest is not None and (not isinstance(latest, str) or latest not in tags)):
+            raise RegistryError(f"{where}: `latest` must name one of its tags ({', '.join(tags) or 'none given'})")
+        models.append(OllamaModel(name=name, latest=latest, tags=tags, source=where))
+    return models
 
 
 def _entry(raw: dict, where: str) -> ModelEntry:

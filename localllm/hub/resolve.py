@@ -4,7 +4,8 @@ Order (the first that applies wins):
   1. nothing, or `gemma-3-270m`            -> the default model, assembled from its PyPI package
   2. an existing path                       -> itself (a directory or an unreadable file is an error)
   3. a file in the models directory         -> it (its name with or without .gguf, any case)
-  4. a registry name (models/*.toml)        -> its Hub file: already pulled, or pulled now
+  4. a registry name (models/*.toml), or an Ollama name (llama3.2:1b, models/ollama.toml)
+                                            -> its Hub file: already pulled, or pulled now
   5. hf.co/USER/REPO[:QUANT], USER/REPO:QUANT -> the same
   6. anything else: a missing path gets "no such file", a name gets the closest known names.
 """
@@ -151,12 +152,18 @@ def not_found_error(name: str) -> ModelNotFound:
         return ModelNotFound(f"no such file: {name} (for a Hub model write hf.co/{name} or {name}:QUANT)")
     if _looks_like_path(name):
         return ModelNotFound(f"no such file: {name}")
+    candidates = close_names(name)
+    hint = f"; did you mean {', '.join(candidates)}?" if candidates else " (`localllm list` shows local models)"
+    return ModelNotFound(f"unknown model '{name}'{hint}")
+
+
+def close_names(name: str) -> list[str]:
+    """Up to three known names closest to `name` (registry, Ollama and the default model's), best first."""
+    import difflib
+
     from .registry import default_registry
 
     candidates = default_registry().suggest(name)
-    import difflib
-
-    if difflib.SequenceMatcher(None, name.lower(), DEFAULT_MODEL_NAME).ratio() >= 0.6:
+    if difflib.SequenceMatcher(None, name.strip().lower(), DEFAULT_MODEL_NAME).ratio() >= 0.6:
         candidates = [DEFAULT_MODEL_NAME, *candidates][:3]
-    hint = f"; did you mean {', '.join(candidates)}?" if candidates else " (`localllm list` shows local models)"
-    return ModelNotFound(f"unknown model '{name}'{hint}")
+    return candidates
