@@ -12,6 +12,8 @@ Oracles:
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import tracemalloc
 from datetime import datetime
@@ -22,6 +24,7 @@ import jinja2.ext
 import pytest
 
 from localllm.chat.builtin import BUILTINS, choose_builtin
+from localllm.chat import sandbox
 from localllm.chat.sandbox import MAX_OUTPUT_CHARS
 from localllm.chat.templates import ChatTemplate
 from localllm.errors import LocalLLMError, TemplateError
@@ -386,3 +389,113 @@ def test_long_conversations_get_room_beyond_the_fixed_cap():
     repeating = "{% for i in range(10) %}{% for m in messages %}{{ m.content }}{% endfor %}{% endfor %}"
     with pytest.raises(TemplateError, match="exceeds"):
         ChatTemplate(repeating, "gguf").apply(messages)
+
+
+# -- attacks whose cost is in C: str() of containers, joins, formats (issue 25) ------------------------
+#
+# Each renders in a fresh process (tests/template_attack.py), which reports the render's CPU time and the
+# growth of its peak resident memory: the promise is a TemplateError within 1 s of CPU and 100 MB.
+
+_MB_STRING = "{% set s = 'x' * 1000000 %}"
+
+
+def _namespace_of(count: int) -> str:
+    return _MB_STRING + "{% set n = namespace(" + ", ".join(f"a{i}=s" for i in range(count)) + ") %}"
+
+
+def _dict_of(count: int) -> str:
+    return _MB_STRING + "{% set d = {" + ", ".join(f"'a{i}': s" for i in range(count)) + "} %}"
+
+
+C_SIDE_ATTACKS = {
+    # The issue's: 6 kB of template took 3.6 s and 2 GB (1,000 attributes), 30 s and 4.8 GB (5,000).
+    "namespace_1000": _namespace_of(1000) + "{{ n }}",
+    "namespace_5000": _namespace_of(5000) + "{{ n }}",
+    "dict_values_view": _dict_of(1000) + "{{ d.values() }}",
+    "dict_items_view": _dict_of(1000) + "{{ d.items() }}",
+    # Other ways to stringify the namespace.
+    "namespace_string_filter": _namespace_of(1000) + "{{ n | string | length }}",
+    "namespace_percent": _namespace_of(1000) + "{{ ('%s' % n) | length }}",
+    "namespace_format_filter": _namespace_of(1000) + "{{ '%s' | format(n) | length }}",
+    "namespace_str_format": _namespace_of(1000) + "{{ '{}'.format(n) | length }}",
+    "namespace_in_a_list": _namespace_of(1000) + "{{ [n] }}",
+    "namespace_pprint": _namespace_of(1000) + "{{ n | pprint | length }}",
+    "namespace_strftime": _namespace_of(1000) + "{{ strftime_now(n) | length }}",
+    "namespace_raise": _namespace_of(1000) + "{{ raise_exception(n) }}",
+    # Widths that come from the arguments, or are short enough to pass the 7-digit rule.
+    "percent_star_widths": "{{ ('%*d' * 200) % ((1000000, 1) * 200) }}",
+    "format_widths": "{{ ('{0:>999999}' * 200).format(1) }}",
+    "format_map_widths": "{{ ('{a:{w}}' * 200).format_map({'a': 1, 'w': 1000000}) }}",
+    # Methods and filters whose output multiplies their inputs.
+    "translate": _MB_STRING + "{{ s.translate({120: s}) }}",
+    "join_a_string": _MB_STRING + "{{ s.join(s[:1000]) }}",
+    "bytes_repeat": "{{ 'x'.encode() * 10 ** 9 }}",
+    "empty_slices": "{{ [] | slice(1000000) | list | length }}",
+    # Output that goes to a buffer (block set, macro) instead of the render's output.
+    "block_set": _MB_STRING + "{% set x %}{% for i in range(1000) %}{{ s }}{% endfor %}{% endset %}{{ x | length }}",
+    "macro_output": _MB_STRING + "{% macro m() %}{% for i in range(1000) %}{{ s }}{% endfor %}{% endmacro %}{{ m() | length }}",
+    # Many values kept at once, each within the limit.
+    "doubling_list_literal": _MB_STRING + "{% set ns = namespace(x=[s]) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ ns.x == [ns.x[0], ns.x[1]] }}",
+    "recursion_holding_values": _MB_STRING + "{% macro f(n, t) %}{% set u = t ~ n %}{{ f(n + 1, u) }}{% endmacro %}{{ f(0, s) }}",
+    "many_kept_values": _MB_STRING + "".join(f"{{% set a{i} = s ~ {i} %}}" for i in range(300)),
+    "many_kept_wide_values": "{% set s = '\U0001f600' * 1000000 %}" + "".join(f"{{% set a{i} = s ~ {i} %}}" for i in range(300)),
+    "many_kept_slices": _MB_STRING + "".join(f"{{% set a{i} = s[{i}:] %}}" for i in range(300)),
+    "urlize_target": "{{ ('a.com ' * 100000) | urlize(target='x' * 1000000) }}",
+    "integer_squaring": "{% set ns = namespace(x=2 ** 2000) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+}
+
+
+def _render_in_a_fresh_process(source: str) -> tuple[dict, str]:
+    script = Path(__file__).with_name("template_attack.py")
+    done = subprocess.run([sys.executable, str(script)], input=source, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout), done.stderr
+
+
+@pytest.mark.parametrize("name", sorted(C_SIDE_ATTACKS))
+def test_values_stringified_in_c_are_bounded_before_they_are_built(name):
+    report, stderr = _render_in_a_fresh_process(C_SIDE_ATTACKS[name])
+    assert report["error"] is not None and report["error"].startswith("chat template 'gguf': ")
+    assert "\n" not in report["error"]
+    assert report["cpu_s"] < 1.0
+    assert report["rss_growth_mb"] < 100
+    assert stderr == ""
+
+
+def test_a_timed_out_render_prints_nothing_on_stderr():
+    report, stderr = _render_in_a_fresh_process(
+        "{% set r = range(100000) %}{% for a in r %}{% for b in r %}{{ (b ~ '')[:0] }}{% endfor %}{% endfor %}"
+    )
+    assert "longer than" in report["error"]
+    assert stderr == ""
+
+
+def test_the_render_generator_is_closed_after_the_deadline_tracer_is_removed():
+    # A render that fails leaves jinja2's generator suspended; closing it runs the template's cleanup
+    # code, which under the deadline tracer (past its deadline) raised again: "Exception ignored in:
+    # <generator object Template.generate ...>" on stderr. It must be closed with the tracer gone.
+    tracer_at_close = []
+
+    class Template:
+        def generate(self, variables):
+            try:
+                while True:
+                    yield "x" * 1000
+            finally:
+                tracer_at_close.append(sys.gettrace())
+
+    with pytest.raises(sandbox._LimitExceeded, match="output exceeds"):
+        sandbox._render_bounded(Template(), {}, limit=10_000)
+    assert tracer_at_close == [None]
+
+
+def test_the_build_budget_does_not_refuse_a_long_real_conversation():
+    # 200 turns of 5,000 characters through a template that concatenates and trims every message: about
+    # 5 x the conversation built, far below BUILD_FACTOR x (MAX_OUTPUT_CHARS + room).
+    messages = [{"role": ("user", "assistant")[i % 2], "content": chr(97 + i % 26) * 5000} for i in range(200)]
+    source = (
+        "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim"
+        " + '<|eot_id|>' }}{% endfor %}{{ messages | tojson | length }}"
+    )
+    rendered = ChatTemplate(source, "gguf").apply(messages)
+    assert rendered.count("<|eot_id|>") == 200 and len(rendered) > 200 * 5000
