@@ -204,6 +204,124 @@ def test_quantize_equals_gguf_bit_for_bit(name):
     np.testing.assert_array_equal(ours.reshape(-1), np.asarray(theirs).reshape(-1).view(np.uint8))
 
 
+# -- exact ties: values that land on a half step after scaling ---------------------------------------------
+# Random inputs almost never do, so a quantizer that rounds half to even where llama.cpp rounds half
+# away from zero (or the reverse) passes the tests above. Each block below gets a power-of-two scale
+# 2**e (exact in float32 and float16, and so is its reciprocal): the scaled values are exactly
+# t + 0.5 for most elements. Block layouts (ggml-quants.c, the _ref quantizers):
+# - Q8_0: d = amax / 127, q = roundf(x / d), so amax = 127 * 2**e;
+# - Q4_0 / Q5_0: d = max / -L (max: the signed value of largest magnitude, L = 8 / 16),
+#   q = trunc(x / d + L + 0.5), so max = +-L * 2**e;
+# - Q4_1 / Q5_1: d = (max - min) / L (L = 15 / 31), q = trunc((x - min) / d + 0.5), so
+#   max = min + L * 2**e with min a multiple of 2**e.
+TIE_EXPONENTS = [-20, -9, 0, 7]  # 2**-20: a float16 subnormal scale
+SYMMETRIC_LEVELS = {"Q8_0": 127, "Q4_0": 8, "Q5_0": 16}
+AFFINE_LEVELS = {"Q4_1": 15, "Q5_1": 31}
+
+
+def tie_blocks(name: str, n_blocks: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(x float32[n_blocks, 32], scaled float64[n_blocks, 32]): blocks of `name` and each value as the
+    quantizer scales it before rounding ((x - min) / d or x / d, worked out from the layout above)."""
+    x = np.empty((n_blocks, 32))
+    scaled = np.empty_like(x)
+    for b in range(n_blocks):
+        step = 2.0 ** rng.choice(TIE_EXPONENTS)
+        if name in SYMMETRIC_LEVELS:
+            levels = SYMMETRIC_LEVELS[name]
+            t = rng.integers(-levels, levels - 1, 32) + 0.5  # |t| < levels: the extreme stays unique
+            t[rng.integers(0, 32)] = rng.choice([-1, 1]) * levels  # the extreme: amax, or max at -L * d
+            sign = 1.0 if name == "Q8_0" else -float(np.sign(t[np.abs(t).argmax()]))  # d = max / -L
+            x[b], scaled[b] = t * step, t * sign
+        else:
+            levels = AFFINE_LEVELS[name]
+            low = float(rng.integers(-levels, 1))  # min / 2**e
+            t = rng.integers(0, levels, 32) + 0.5
+            t[:2] = [0.0, float(levels)]  # the min and the max
+            rng.shuffle(t)
+            x[b], scaled[b] = (low + t) * step, t
+    return x.astype(np.float32), scaled
+
+
+def f16_ties(rng, n: int) -> np.ndarray:
+    """float32[n]: midpoints between neighbouring float16 values (normal, subnormal, and 65520 between
+    the largest finite float16 and the next power of two), exact in float32."""
+    codes = rng.integers(0, 0x7BFF, n).astype(np.uint16)  # finite, below the largest
+    low = codes.view(np.float16).astype(np.float64)
+    high = (codes + np.uint16(1)).view(np.float16).astype(np.float64)
+    mid = (low + high) / 2 * rng.choice([-1.0, 1.0], n)
+    mid[:3] = [65520.0, -65520.0, 2.0**-25]
+    return mid.astype(np.float32)
+
+
+def bf16_ties(rng, n: int) -> np.ndarray:
+    """float32[n] whose low 16 bits are exactly half of a bfloat16 step (0x8000), both parities of
+    the kept bit, finite exponents only."""
+    high = rng.integers(0, 0x7F7F, n).astype(np.uint32) | (rng.integers(0, 2, n).astype(np.uint32) << 15)
+    return ((high << 16) | 0x8000).view(np.float32)
+
+
+def tie_rows(name: str, rng) -> np.ndarray:
+    """float32[4, 512] of exact ties for `name`'s rounding."""
+    if name == "F16":
+        return f16_ties(rng, 4 * 512).reshape(4, 512)
+    if name == "BF16":
+        return bf16_ties(rng, 4 * 512).reshape(4, 512)
+    return tie_blocks(name, 4 * 16, rng)[0].reshape(4, 512)
+
+
+TIE_NAMES = ["F16", "BF16", *SYMMETRIC_LEVELS, *AFFINE_LEVELS]
+
+
+def test_the_tie_inputs_are_exact_ties():
+    rng = np.random.default_rng(11)
+    for name in [*SYMMETRIC_LEVELS, *AFFINE_LEVELS]:
+        x, scaled = tie_blocks(name, 64, rng)
+        assert np.mean(scaled % 1 == 0.5) > 0.9, name
+    f16 = f16_ties(rng, 1000).astype(np.float64)
+    with np.errstate(over="ignore"):  # 65520 rounds to inf
+        assert np.all(np.abs(f16 - f16.astype(np.float16).astype(np.float64)) > 0)  # none is a float16
+    bf16 = bf16_ties(rng, 1000)
+    assert np.all(bf16.view(np.uint32) & 0xFFFF == 0x8000) and np.all(np.isfinite(bf16))
+
+
+@pytest.mark.parametrize("name", TIE_NAMES)
+def test_quantize_rounds_exact_ties_as_gguf(name):
+    assert _gguf_can_quantize(name)
+    x = tie_rows(name, np.random.default_rng(12))
+    with np.errstate(over="ignore"):  # F16: +-65520 round to +-inf, as in ggml
+        theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType[name])
+    ours = quant.get(name).quantize(x)
+    np.testing.assert_array_equal(ours.reshape(-1), np.asarray(theirs).reshape(-1).view(np.uint8))
+
+
+def test_every_type_gguf_can_quantize_gets_tie_inputs():
+    names = [n for n in IN_GGUF if quant.get(n).quantize is not None and _gguf_can_quantize(n)]
+    assert sorted(set(names) - {"F32"}) == sorted(TIE_NAMES)  # F32 stores its input: nothing to round
+
+
+def test_q8_k_rounds_exact_ties_half_to_even():
+    """Q8_K has no quantizer in gguf.quants; expected bytes worked out from ggml's quantize_row_q8_K_ref:
+    max = the signed value of largest magnitude, iscale = -127 / max, q = MIN(127, nearest_int(iscale
+    * x)) where nearest_int adds 1.5 * 2**23 (the FPU's round half to even), d = 1 / iscale (float32),
+    bsums[16] = the sums of each 16 quants (int16). Here max = -127 * 2**e, so iscale = 2**-e and the
+    other values are exact ties t + 0.5."""
+    rng = np.random.default_rng(13)
+    x = np.empty((4, 256))
+    for b, e in enumerate([-20, -3, 0, 5]):
+        t = rng.integers(-127, 126, 256) + 0.5
+        t[rng.integers(0, 256)] = -127.0
+        x[b] = t * 2.0**e
+    x = x.astype(np.float32)
+    scaled = x.astype(np.float64) / (2.0 ** np.array([-20, -3, 0, 5]))[:, None]
+    q = np.rint(scaled).astype(np.int8)  # numpy rounds half to even
+    assert np.any(q != np.sign(scaled) * np.floor(np.abs(scaled) + 0.5))  # ties that half away would round elsewhere
+    expected = np.zeros((4, 292), np.uint8)
+    expected[:, :4] = (2.0 ** np.array([-20, -3, 0, 5], dtype=np.float32))[:, None].view(np.uint8)
+    expected[:, 4:260] = q.view(np.uint8)
+    expected[:, 260:] = q.astype(np.int16).reshape(4, 16, 16).sum(axis=2).astype("<i2").view(np.uint8)
+    np.testing.assert_array_equal(quant.get("Q8_K").quantize(x), expected)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_rows_that_are_not_whole_blocks_are_refused_with_a_clear_error(name):
     qt = quant.get(name)
