@@ -281,6 +281,42 @@ def test_checksum_mismatch_leaves_nothing_under_the_final_name(fake_hub, tmp_pat
     assert visible_files(tmp_path) == [] and part_files(tmp_path) == [] and pulled_records(tmp_path) == {}
 
 
+def _tree(root: Path, outside_of: Path) -> dict[str, bytes | None]:
+    """Every path under `root` except those under `outside_of`, with each file's bytes (None: a folder)."""
+    return {
+        str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None)
+        for p in sorted(root.rglob("*")) if outside_of not in (p, *p.parents)
+    }
+
+
+@pytest.mark.parametrize(
+    "advertised",
+    ["../../outside/victim", "../outside", "{tmp_path}/outside/victim", "a" * 63, "a" * 65, "g" * 64, sha(b"x")[:-1] + "\n"],
+)
+def test_a_hub_sha256_that_is_not_64_hex_digits_is_refused_before_any_use(fake_hub, tmp_path, advertised):
+    # The LFS id names the staging file <models>/.partial/<sha256>.part (and its .lock): a hostile Hub
+    # must not make pull create or delete anything outside the models folder.
+    models, outside = tmp_path / "models", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.part").write_bytes(b"precious")
+    (outside / "victim").write_bytes(b"precious too")
+    fake_hub.add_file(REPO, "Tiny-Q4_K_M.gguf", payload(1000), sha256=advertised.format(tmp_path=tmp_path))
+    before = _tree(tmp_path, models)
+    with pytest.raises(pull_module.PullError, match="not 64 hex digits") as info:
+        pull(HubRef(REPO), directory=models)
+    assert "\n" not in str(info.value)
+    assert _tree(tmp_path, models) == before
+    assert fake_hub.bytes_served == 0
+    assert not models.exists() or (visible_files(models) == [] and part_files(models) == [])
+
+
+def test_an_upper_case_hub_sha256_is_accepted(fake_hub, tmp_path):
+    data = payload(1000)
+    fake_hub.add_file(REPO, "Tiny-Q4_K_M.gguf", data, sha256=sha(data).upper())
+    assert pull(HubRef(REPO), directory=tmp_path).read_bytes() == data
+    assert pulled_records(tmp_path)["Tiny-Q4_K_M.gguf"].sha256 == sha(data)
+
+
 @pytest.mark.parametrize(
     "ref, message",
     [

@@ -25,6 +25,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -58,6 +59,11 @@ except ImportError:  # pragma: no cover - Windows: no locking
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PARTIAL_DIR = ".partial"  # hidden: never listed as a model
+_SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")  # an LFS object id: it names the staging file
+
+
+class PullError(LocalLLMError):
+    """The Hub's answer cannot be used as it stands (e.g. an LFS object id that is not a SHA-256)."""
 INDEX_NAME = ".pulls.json"
 
 
@@ -90,7 +96,16 @@ def remote_file(ref: HubRef, *, endpoint: str, token: str | None = None) -> Remo
     lfs = siblings[path].lfs
     if lfs is None:  # GGUFs are LFS objects on the Hub; a plain git blob has no SHA-256 to check against
         raise UnsupportedModelFile(f"{ref.repo_id}/{path} is not stored with Git LFS: no SHA-256 to verify it by")
-    return RemoteFile(info.id or ref.repo_id, path, info.sha or ref.revision or "main", lfs.sha256.lower(), lfs.size)
+    sha256 = _checked_sha256(lfs.sha256, f"{ref.repo_id}/{path}")
+    return RemoteFile(info.id or ref.repo_id, path, info.sha or ref.revision or "main", sha256, lfs.size)
+
+
+def _checked_sha256(value: object, what: str) -> str:
+    """The Hub's LFS SHA-256 of `what`, lower-case, if it is exactly 64 hex digits. It becomes a file name
+    under <models>/.partial, so anything else ("../../outside/victim") is refused before any use."""
+    if not isinstance(value, str) or not _SHA256_HEX.fullmatch(value):
+        raise PullError(f"the Hub gave {what} the SHA-256 {value!r:.80}, which is not 64 hex digits; not pulling it")
+    return value.lower()
 
 
 # --- the record of what was pulled ------------------------------------------------------------------------
