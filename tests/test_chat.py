@@ -67,8 +67,17 @@ def test_a_reply_stopped_early_is_kept_and_the_conversation_goes_on(gemma):
     pieces = [next(stream).text for _ in range(3)]
     stream.close()  # what Ctrl-C does in the REPL
     assert conv.messages[-1] == {"role": "assistant", "content": "".join(pieces)}
-    assert reply_text(conv.send("Thanks.")) is not None
-    assert conv.messages[-2]["content"] == "Thanks."
+    n_cached = len(conv.session.tokens)
+    reply = reply_text(conv.send("Thanks."))
+    assert reply and conv.messages[-2:] == [{"role": "user", "content": "Thanks."}, {"role": "assistant", "content": reply}]
+    assert conv.last.timings.cached_tokens >= n_cached - 2 > 0  # the stopped reply's cache was reused
+    # and left as a reply that ended there by itself (max_tokens=3) leaves it: the next turn, prefilled
+    # from the same cached prefix through the same kernels, is the same.
+    ended = Conversation(gemma, settings=ChatSettings(temperature=0.0, max_tokens=3))
+    reply_text(ended.send("Count from one to fifty."))
+    assert ended.messages == conv.messages[:2] and ended.session.tokens == conv.session.tokens[:n_cached]
+    ended.settings.set("max_tokens", "64")
+    assert reply_text(ended.send("Thanks.")) == reply
 
 
 def test_save_then_load_restores_messages_and_settings(gemma, tmp_path):
