@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,10 +15,17 @@ from .errors import ContextOverflow, LocalLLMError
 from .generate import Event, Session, generate_tokens
 from .gguf import GGUFReader
 from .model.archs import architecture_class
-from .model.decoder import KVCache
+from .model.decoder import KVCache, KVCacheTooLarge
 
-# Never let the KV cache take more than this share of the memory available at load time.
-KV_MEMORY_SHARE = 0.5
+log = logging.getLogger(__name__)
+
+# The context when none is asked for, as llama.cpp (llama-cli, llama-server) and Ollama choose it: 4096
+# tokens, or the model's trained length when that is shorter. `chat`, `run` and `serve` all take it from
+# default_context. (A longer context only costs memory until it is used, but the model's trained length can
+# be 128k tokens, gigabytes of KV cache for a 7B model.)
+DEFAULT_CTX = 4096
+# When the file does not say how long a context it was trained on.
+ASSUMED_TRAINED_CTX = 2048
 
 
 @dataclass
@@ -68,14 +76,44 @@ def estimate_memory(path, n_ctx: Optional[int] = None) -> MemoryEstimate:
         return _estimate(reader, n_ctx)
 
 
+def trained_context(reader) -> int:
+    """The context length the model was trained on (its metadata's `<arch>.context_length`)."""
+    return int(reader.arch_get("context_length") or ASSUMED_TRAINED_CTX)
+
+
+def default_context(trained: int) -> int:
+    """The context used when none is asked for: DEFAULT_CTX, or `trained` when shorter."""
+    return min(DEFAULT_CTX, trained)
+
+
 def _estimate(reader, n_ctx: Optional[int]) -> MemoryEstimate:
     per_token = _kv_bytes_per_token(reader)
-    trained = int(reader.arch_get("context_length") or 2048)
     if n_ctx is None:
-        affordable = int(available_memory() * KV_MEMORY_SHARE // max(per_token, 1))
-        n_ctx = max(256, min(trained, affordable))
+        n_ctx = default_context(trained_context(reader))
     weights = sum(t.nbytes for t in reader.tensors.values())
     return MemoryEstimate(weights, per_token * n_ctx, n_ctx)
+
+
+def check_context(reader, memory: MemoryEstimate, available: Optional[int] = None) -> None:
+    """Before any cache is allocated: raise KVCacheTooLarge when the KV cache for memory.n_ctx plus the
+    weights exceed the memory available now; log a one-line warning when the context is longer than the
+    model was trained on (it runs, but positions past the trained length give poor text).
+
+    The weights count because they are read on every token: they are mapped, not copied, but a cache that
+    pushes them out of the page cache makes every step read the file again. (A cache that does not fit is
+    not refused by NumPy itself until it is far beyond the memory: zero pages are allocated lazily, and the
+    machine would run out of memory later, while filling the cache.)"""
+    if memory.n_ctx < 16:
+        raise LocalLLMError(f"context size {memory.n_ctx} is too small (minimum 16)")
+    available = available_memory() if available is None else available
+    if memory.kv_bytes + memory.weights_bytes > available:
+        per_token = max(memory.kv_bytes // max(memory.n_ctx, 1), 1)
+        fitting = max(available - memory.weights_bytes, 0) // per_token
+        raise KVCacheTooLarge(memory.n_ctx, memory.kv_bytes + memory.weights_bytes, available, int(fitting))
+    trained = trained_context(reader)
+    if memory.n_ctx > trained:
+        log.warning("warning: a context of %d tokens is longer than the %d this model was trained on; "
+                    "text past that point may degrade", memory.n_ctx, trained)
 
 
 class Model:
@@ -89,6 +127,7 @@ class Model:
         self.backend = backend
         self.memory = memory
         self.n_ctx = memory.n_ctx
+        self.trained_ctx = trained_context(reader)
         self._template = None
         self.session = self.new_session()
 
@@ -117,8 +156,37 @@ class Model:
             tok = self.tokenizer
             bos = tok.tokens[tok.bos_id] if tok.bos_id is not None and tok.bos_id >= 0 else ""
             eos = tok.tokens[tok.eos_id] if tok.eos_id is not None and tok.eos_id >= 0 else ""
-            self._template = ChatTemplate.from_metadata(self.reader.metadata, bos_token=bos, eos_token=eos)
+            self._template = ChatTemplate.for_model(self.reader.metadata, Path(self.path).name, bos_token=bos, eos_token=eos)
         return self._template
+
+    @property
+    def is_base_model(self) -> bool:
+        """Pretrained only (no chat template, no chat-tuning word in its names): chat uses a transcript."""
+        return self.chat_template.for_base_model
+
+    def chat_stop(self) -> list[str]:
+        """Stop strings every chat reply honours (the transcript's "\nUser:"; none for a model's own format)."""
+        return list(self.chat_template.stop)
+
+    def chat_repeat_penalty(self, asked: Optional[float] = None) -> float:
+        """The repetition penalty for a chat reply: `asked` when the caller set one, else the template's
+        default (1.1 for a base model's transcript), else 1.0 (off)."""
+        if asked is not None:
+            return asked
+        return self.chat_template.repeat_penalty or 1.0
+
+    def resize_context(self, n_ctx: int) -> None:
+        """Use a context of `n_ctx` tokens from now on (sessions made afterwards get a cache that long).
+
+        Checked first (check_context: KVCacheTooLarge, too small); a refused size changes nothing. The default
+        session is replaced by an empty one; sessions made before keep their old cache."""
+        memory = MemoryEstimate(self.memory.weights_bytes, _kv_bytes_per_token(self.reader) * n_ctx, n_ctx)
+        check_context(self.reader, memory)
+        if self.backend.name != "cpu":
+            self.backend.plan_memory(self.reader, memory, self.decoder.hp, ctx_given=True)
+        self.memory = memory
+        self.n_ctx = memory.n_ctx
+        self.session = self.new_session()
 
     def new_session(self) -> Session:
         return Session(cache=KVCache(self.backend, self.decoder.hp, self.n_ctx))
@@ -194,6 +262,8 @@ class Model:
         """Yield events for a text prompt, a list of chat messages (template applied), or token ids.
 
         `sampling` is a SamplingConfig; keyword options (temperature=…, seed=…) build one instead.
+        Chat messages also stop at the template's stop strings (chat_stop), and without `sampling` take its
+        repetition penalty unless `repeat_penalty=` is given (chat_repeat_penalty: 1.1 for a base model).
         The default session keeps its KV cache across calls: a prompt that extends the previous one
         (a chat's next turn) prefills only the new tokens. A prompt that does not fit raises
         ContextOverflow; with `context_shift=True` a conversation instead drops its oldest turns (the
@@ -201,18 +271,23 @@ class Model:
         """
         from .sampling import Sampler, SamplingConfig
 
+        is_chat = not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
         if sampling is None:
+            if is_chat:  # the template's default penalty (a base model's transcript: 1.1) unless one is given
+                sampling_options["repeat_penalty"] = self.chat_repeat_penalty(sampling_options.get("repeat_penalty"))
             sampling = SamplingConfig(**sampling_options)
         elif sampling_options:
             raise TypeError("pass either sampling= or sampling keyword options, not both")
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_bos=add_bos)
-        elif prompt and isinstance(prompt[0], dict):
+        elif is_chat:
             ids = self.fit_conversation(prompt, reserve=min(max_tokens, self.n_ctx // 4), shift=context_shift)
         else:
             ids = [int(t) for t in prompt]
         sampler = Sampler(sampling, self.decoder.hp.n_vocab)
         stops = list(stop or []) + list(getattr(sampling, "stop", None) or [])
+        if is_chat:
+            stops += self.chat_stop()
         yield from generate_tokens(
             self.decoder,
             self.tokenizer,
@@ -241,9 +316,8 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
     reader = GGUFReader(path)
     try:
         arch_cls = architecture_class(reader.architecture)
-        if n_ctx is not None and n_ctx < 16:
-            raise LocalLLMError(f"context size {n_ctx} is too small (minimum 16)")
         memory = _estimate(reader, n_ctx)
+        check_context(reader, memory)
         tokenizer = Tokenizer.from_metadata(reader.metadata)
         ops = create_backend(backend, threads)
         ops.plan_memory(reader, memory, HParams.from_reader(reader, tokenizer.vocab_size), ctx_given=n_ctx is not None)

@@ -13,7 +13,9 @@ from tiny_models import write_tiny_model
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("gen") / "tiny-qwen3.gguf", "qwen3", "Q8_0", seed=7)
+    # "instruct" in the file name: chat prompts use the ChatML built-in (a base model's transcript, with its
+    # preamble and examples, would not fit the 96-token context the tests below need)
+    path = write_tiny_model(tmp_path_factory.mktemp("gen") / "tiny-qwen3-instruct.gguf", "qwen3", "Q8_0", seed=7)
     return localllm.load(path, n_ctx=96, threads=1)
 
 

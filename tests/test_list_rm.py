@@ -159,9 +159,10 @@ def test_show_json_adds_the_builtin_template_and_default_sampling(capsys, models
     assert code == 0, err
     info = json.loads(out)
     assert info["architecture"] == "qwen2" and info["chat_template"] is False
-    # A qwen2 file without its own template gets ChatML (localllm/chat/builtin.py choose_builtin).
-    assert info["template"]["origin"] == "builtin" and info["template"]["name"] == "chatml"
-    assert "<|im_start|>" in info["template"]["text"]
+    # A qwen2 file without its own template and with no chat-tuning word in its names ("tiny-qwen2-…") is a
+    # base model: chat uses the plain transcript (localllm/chat/builtin.py is_base_model).
+    assert info["template"]["origin"] == "builtin" and info["template"]["name"] == "transcript"
+    assert "User: " in info["template"]["text"] and "<|im_start|>" not in info["template"]["text"]
     assert info["sampling"] == {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05,
                                 "repeat_penalty": 1.0, "seed": None}
 
@@ -169,7 +170,8 @@ def test_show_json_adds_the_builtin_template_and_default_sampling(capsys, models
 def test_show_the_default_model_prints_the_template_section(capsys):
     code, out, err = run_cli(capsys, "show")
     assert code == 0, err
-    assert "chat template built-in 'gemma'" in out and "<start_of_turn>" in out and "temperature=0.8" in out
+    # the shipped Gemma 3 270M is a base model: chat uses the transcript, not Gemma's turn markers
+    assert "chat template built-in 'transcript'" in out and "<start_of_turn>" not in out and "temperature=0.8" in out
 
 
 def test_show_a_registry_name_not_downloaded_describes_what_pull_fetches(capsys, models_dir):

@@ -23,10 +23,17 @@ Formats, for a conversation [system S, user U1, assistant A1, user U2] with a ge
 llama2 and mistral end with "[/INST]" whether or not a generation prompt is asked for (that is their
 prompt); phi3 ends with EOS when none is asked for, as its official template does. Templates whose
 official form insists on alternating user/assistant turns raise (via raise_exception) when they do not.
+
+A base model (no template, no chat-tuning word in its names: is_base_model) gets none of those but
+TRANSCRIPT, localllm's own plain-text format, with the stop string and repetition penalty it needs:
+
+    transcript  <preamble>\nS\n\nUser: <example>\nAssistant: <example>\n ... User: U1\nAssistant: A1\n
+                User: U2\nAssistant:          (stop at "\nUser:"; repeat penalty 1.1 unless set)
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +46,10 @@ class BuiltinTemplate:
     # Used when neither the caller nor the file's metadata names the BOS/EOS token text.
     default_bos: str
     default_eos: str
+    # Stop strings every generation from this template honours (the end of a turn that no special token marks).
+    stop: tuple[str, ...] = ()
+    # The repetition penalty used when the caller sets none (None: the sampler's own default, 1.0 = off).
+    repeat_penalty: float | None = None
 
 
 # Shared piece: split a leading system message off, leaving `turns` to loop over.
@@ -194,7 +205,47 @@ ZEPHYR = BuiltinTemplate(
 """,
 )
 
+# For a base (pretrained, not instruction-tuned) model, which never saw any turn markers: a plain-text
+# transcript it can continue, the way such models were prompted before chat fine-tuning. A preamble says what
+# the text is, two short exchanges show the length and tone of an answer, and the conversation follows as
+# "User: ...\nAssistant: ...". The prompt ends with "Assistant:" (no trailing space: SentencePiece and BPE
+# vocabularies fold the space into the next word's token), and the reply ends where the model starts writing
+# the next "\nUser:" line. A system message joins the preamble. Base models drift into loops more easily than
+# tuned ones, hence a mild repetition penalty unless the caller sets one.
+TRANSCRIPT = BuiltinTemplate(
+    name="transcript",
+    default_bos="",
+    default_eos="",
+    stop=("\nUser:",),
+    repeat_penalty=1.1,
+    source=_SPLIT_SYSTEM
+    + """\
+{{- 'This is a conversation between a curious user and a helpful, knowledgeable assistant. '
+    'The assistant answers each question correctly, clearly and briefly.\\n' -}}
+{%- if system_text is not none -%}{{- (system_text | trim) + '\\n' -}}{%- endif -%}
+{{- '\\nUser: How many days are there in a week?\\n' -}}
+{{- 'Assistant: There are seven days in a week.\\n' -}}
+{{- 'User: What colour do you get by mixing blue and yellow?\\n' -}}
+{{- 'Assistant: Mixing blue and yellow gives green.\\n' -}}
+{%- for message in turns -%}
+    {%- if message['role'] == 'user' -%}
+        {{- 'User: ' + (message['content'] | trim) + '\\n' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- 'Assistant: ' + (message['content'] | trim) + '\\n' -}}
+    {%- else -%}
+        {{- (message['content'] | trim) + '\\n' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- 'Assistant:' -}}
+{%- endif -%}
+""",
+)
+
+# The families' formats, each checked against its official template (tests/test_templates.py) ...
 BUILTINS: dict[str, BuiltinTemplate] = {t.name: t for t in (GEMMA, CHATML, LLAMA3, LLAMA2, MISTRAL, PHI3, ZEPHYR)}
+# ... and every template that can be asked for by name: those, plus localllm's own transcript for base models.
+ALL_TEMPLATES: dict[str, BuiltinTemplate] = {**BUILTINS, TRANSCRIPT.name: TRANSCRIPT}
 
 
 # -- choosing a built-in -------------------------------------------------------------------------------------
@@ -246,3 +297,44 @@ def choose_builtin(meta: Mapping[str, Any]) -> str:
         return "llama2"
     return "chatml"
 
+
+
+# -- base or instruction-tuned -------------------------------------------------------------------------------
+
+# Words that mark a fine-tune for conversation in a model's name ("gemma-3-270m-it", "Llama-3.2-1B-Instruct",
+# "TinyLlama-1.1B-Chat-v1.0", "Qwen2.5-7B-Instruct") or in general.finetune, which convert_hf_to_gguf.py
+# fills from the same name ("it", "instruct", "chat").
+_TUNED_WORDS = frozenset({"it", "instruct", "instruction", "chat", "sft", "dpo", "rlhf", "orpo", "zephyr", "hermes"})
+_NAME_FIELDS = ("general.name", "general.finetune", "general.basename")
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words: 'Gemma 3 270m-it.Q4_K_M' -> ['gemma', '3', '270m', 'it', 'q4', 'k', 'm']."""
+    return [w for w in re.split(r"[^a-z0-9]+", text.lower()) if w]
+
+
+def looks_instruction_tuned(meta: Mapping[str, Any], file_name: str = "") -> bool:
+    """Whether the model's name, fine-tune or base name fields, or its file name, carry a chat-tuning word.
+
+    A word, not a substring: "it" must stand alone ("gemma-3-270m-it", not "italian"); "instruct" and
+    "chat" may start a word ("Instruct2", "chatml")."""
+    texts = [str(meta.get(key) or "") for key in _NAME_FIELDS] + [file_name]
+    for word in (w for text in texts for w in _words(text)):
+        if word in _TUNED_WORDS or word.startswith(("instruct", "chat")):
+            return True
+    return False
+
+
+def is_base_model(meta: Mapping[str, Any], file_name: str = "") -> bool:
+    """A pretrained model that was never taught a chat format, so it gets the TRANSCRIPT template.
+
+    The rule: the file carries no `tokenizer.chat_template` AND neither its metadata names (general.name,
+    general.finetune, general.basename) nor its file name say it was tuned (looks_instruction_tuned).
+    A file with a template keeps it: whoever converted it knew the model's format. The architecture and the
+    vocabulary do not decide: a base Gemma 3 has `<start_of_turn>` in its vocabulary (shared with the "it"
+    model) without ever having been trained on it, so with the Gemma turn template it loops ("What is the
+    capital of Australia? bertanya" x57); the shipped gemma-3-270m file is such a file (general.name
+    "Gemma 3 270m", no finetune field, no template)."""
+    if meta.get("tokenizer.chat_template") is not None:
+        return False
+    return not looks_instruction_tuned(meta, file_name)

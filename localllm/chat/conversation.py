@@ -35,17 +35,22 @@ class ChatSettings:
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
-    repeat_penalty: float = 1.0
+    # None: the model's chat default (Model.chat_repeat_penalty: 1.1 for a base model's transcript, else 1.0)
+    repeat_penalty: Optional[float] = None
     seed: Optional[int] = None
     max_tokens: int = 512
     verbose: bool = False
 
     SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
 
-    def sampling(self):
+    def sampling(self, default_repeat_penalty: float = 1.0):
+        """The SamplingConfig; `default_repeat_penalty` stands in for a repeat_penalty left unset."""
         from ..sampling import SamplingConfig
 
-        return SamplingConfig(**{name: getattr(self, name) for name in self.SAMPLING})
+        values = {name: getattr(self, name) for name in self.SAMPLING}
+        if values["repeat_penalty"] is None:
+            values["repeat_penalty"] = default_repeat_penalty
+        return SamplingConfig(**values)
 
     def set(self, name: str, text: str) -> None:
         """Parse `text` for setting `name` and apply it if valid; LocalLLMError with the reason if not."""
@@ -75,6 +80,8 @@ def _parse_value(name: str, text: str, kind: str):
                 return False
             raise ValueError
         if name == "seed" and text.lower() in ("none", "random", "-1"):
+            return None
+        if kind.startswith("Optional") and text.lower() in ("none", "default"):
             return None
         if kind in ("int", "Optional[int]"):
             return int(text)
@@ -154,12 +161,14 @@ class Conversation:
         self._prefill_start = min(common_prefix(self.session.tokens, prompt), len(prompt) - 1)
         reply = {"role": "assistant", "content": ""}
         self.messages.append(reply)
-        stream = self.model.generate(
-            prompt, max_tokens=self.settings.max_tokens, sampling=self.settings.sampling(), session=self.session
-        )
+        sampling = self.settings.sampling(self.model.chat_repeat_penalty())
+        stream = self.model.generate(prompt, max_tokens=self.settings.max_tokens, sampling=sampling,
+                                     session=self.session, stop=self.model.chat_stop())
         try:
             for event in stream:
                 if event.kind == "token":
+                    if not reply["content"]:  # "Assistant:" is followed by " Paris.": no leading space shown
+                        event.text = event.text.lstrip()
                     reply["content"] += event.text
                 else:
                     self.last = TurnStats(event.timings, event.finish_reason, len(self.session.tokens),
@@ -187,6 +196,14 @@ class Conversation:
         if dropped:
             self.session.reset()  # the cached prefix no longer matches the conversation's start
         return dropped
+
+    def set_context(self, n_ctx: int) -> None:
+        """Use a context of n_ctx tokens from the next turn on; the messages stay (the oldest are dropped at
+        the next turn if they no longer fit). A size that cannot be used (too small, a KV cache that would
+        not fit in memory) raises before anything changes."""
+        self.model.resize_context(n_ctx)
+        self.session = self.model.new_session()
+        self._prefill_start = 0
 
     # -- context accounting --
 

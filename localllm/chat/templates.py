@@ -12,7 +12,8 @@ prompt is the one the model was trained on:
   given), plus any extra keyword variables the caller passes (e.g. `enable_thinking`).
 
 Files without a template get a built-in one (localllm/chat/builtin.py: choose_builtin), chosen from
-the architecture and from hints in the vocabulary (`<start_of_turn>`, `<|im_start|>`, `<|start_header_id|>`, `[INST]`...).
+the architecture and from hints in the vocabulary (`<start_of_turn>`, `<|im_start|>`, `<|start_header_id|>`, `[INST]`...);
+a base model, which was never tuned on any of those, gets a plain transcript instead (ChatTemplate.for_model).
 
 A template in a downloaded file is untrusted input: it renders in localllm/chat/sandbox.py, which bounds
 its output size and wall time; every failure is a `localllm.errors.TemplateError` with a one-line message.
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import TemplateError
-from .builtin import BUILTINS, BuiltinTemplate, choose_builtin
+from .builtin import ALL_TEMPLATES, BuiltinTemplate, choose_builtin, is_base_model
 from .sandbox import compile_template, render, text_size
 
 # A role is a plain word: it is pasted between special tokens, so it must not smuggle any in.
@@ -74,14 +75,30 @@ def _token_text(meta: Mapping[str, Any], which: str) -> str:
 
 class ChatTemplate:
     """A compiled chat template. `name` is "gguf" for the file's own template, else the built-in's name;
-    `source` is the Jinja text."""
+    `source` is the Jinja text. `stop`: strings that end a reply (besides the model's end-of-turn tokens);
+    `repeat_penalty`: the one to use when the caller sets none (None: the sampler's default)."""
 
-    def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = ""):
+    def __init__(self, source: str, name: str, bos_token: str = "", eos_token: str = "",
+                 stop: tuple[str, ...] = (), repeat_penalty: float | None = None):
         self.name = name
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.stop = tuple(stop)
+        self.repeat_penalty = repeat_penalty
         self._template = compile_template(source, name)
+
+    @property
+    def for_base_model(self) -> bool:
+        return self.name == "transcript"
+
+    @classmethod
+    def for_model(cls, meta: Mapping[str, Any], file_name: str = "", bos_token: str = "", eos_token: str = "") -> ChatTemplate:
+        """The template chat uses for this file: the transcript for a base model (builtin.is_base_model:
+        no template of its own, no chat-tuning word in its names or `file_name`), else from_metadata."""
+        if is_base_model(meta, file_name):
+            return cls.builtin("transcript", bos_token, eos_token)
+        return cls.from_metadata(meta, bos_token, eos_token)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], bos_token: str = "", eos_token: str = "") -> ChatTemplate:
@@ -99,11 +116,12 @@ class ChatTemplate:
 
     @classmethod
     def builtin(cls, name: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
-        """A built-in template by name: one of BUILTINS (gemma, chatml, llama3, llama2, mistral, phi3, zephyr)."""
-        spec: BuiltinTemplate | None = BUILTINS.get(name)
+        """A built-in template by name: gemma, chatml, llama3, llama2, mistral, phi3, zephyr or transcript."""
+        spec: BuiltinTemplate | None = ALL_TEMPLATES.get(name)
         if spec is None:
-            raise TemplateError(f"no built-in chat template '{name}' (known: {', '.join(sorted(BUILTINS))})")
-        return cls(spec.source, spec.name, bos_token or spec.default_bos, eos_token or spec.default_eos)
+            raise TemplateError(f"no built-in chat template '{name}' (known: {', '.join(sorted(ALL_TEMPLATES))})")
+        return cls(spec.source, spec.name, bos_token or spec.default_bos, eos_token or spec.default_eos,
+                   spec.stop, spec.repeat_penalty)
 
     def apply(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list | None = None, **variables) -> str:
         """Render the conversation. Extra keyword `variables` are passed to the template as they are."""

@@ -25,8 +25,9 @@ MULTILINE = '"""'
 HELP = """\
 Commands:
   /set                 show the settings
-  /set NAME VALUE      temperature, top_k, top_p, min_p, repeat_penalty, seed (none = random),
-                       max_tokens, ctx (reloads the model), system (the rest of the line), verbose on|off
+  /set NAME VALUE      temperature, top_k, top_p, min_p, repeat_penalty (none = the model's default),
+                       seed (none = random), max_tokens, ctx (a new KV cache; the conversation stays),
+                       system (the rest of the line), verbose on|off
   /show                the model and the current settings
   /stats               timings of the last reply and how full the context is
   /clear               forget the conversation (the system prompt stays)
@@ -45,7 +46,7 @@ def chat(
     top_k: int = opt.TopK,
     top_p: float = opt.TopP,
     min_p: float = opt.MinP,
-    repeat_penalty: float = opt.RepeatPenalty,
+    repeat_penalty: Optional[float] = opt.RepeatPenalty,
     seed: Optional[int] = opt.Seed,
     ctx: Optional[int] = opt.Ctx,
     threads: Optional[int] = opt.Threads,
@@ -67,8 +68,38 @@ def chat(
     if max_tokens < 1:
         raise typer.BadParameter("--max-tokens must be >= 1")
     llm = load_with_status(model, ctx, threads, yes, backend)
+    if llm.is_base_model:
+        ui.console.print(f"[yellow]{base_model_note(llm)}[/yellow]", soft_wrap=True)
     conversation = Conversation(llm, system=system, settings=settings)
     Repl(conversation, threads).run()
+
+
+# Suggested when the registry has no chat-tuned model of the base model's family: small, and quick to pull.
+FALLBACK_TUNED_MODEL = "gemma-3-270m-it"
+
+
+def base_model_note(llm) -> str:
+    """The banner's one line for a base model: what chat does with it and which tuned model to pull."""
+    name = llm.reader.metadata.get("general.name") or Path(llm.path).stem
+    return (f"{name} is a base model, not tuned for chat: it answers through a plain User/Assistant transcript. "
+            f"For a real assistant: localllm pull {tuned_suggestion(llm.reader.metadata)}")
+
+
+def tuned_suggestion(meta) -> str:
+    """A registry entry tuned for chat: the same family and size as the base model when there is one
+    (general.basename "gemma-3" + size_label "270M" -> gemma-3-270m-it), else one of its family, else the
+    small Gemma 3 one."""
+    from ..chat.builtin import looks_instruction_tuned
+    from ..hub.registry import default_registry
+
+    family = str(meta.get("general.basename") or "").lower()
+    size = str(meta.get("general.size_label") or "").lower()
+    tuned = [e for e in default_registry().entries if e.supported and looks_instruction_tuned({}, e.name)]
+    same_family = [e for e in tuned if e.family == family]
+    for entry in [e for e in same_family if e.params == size] + same_family:
+        return entry.name
+    return FALLBACK_TUNED_MODEL
+
 
 
 def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional[int], yes: bool = False, backend: str = "cpu"):
@@ -82,10 +113,10 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
     memory = estimate_memory(path, ctx)
     ui.err_console.print(
         f"[dim]{Path(path).name}: {ui.human_bytes(memory.weights_bytes)} of weights (mapped) + "
-        f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]"
+        f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]", soft_wrap=True
     )
     with ui.err_console.status(f"loading {Path(path).name}"):
-        llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
+        llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)  # checks the cache fits first
     with ui.err_console.status("preparing the kernels (compiled once per machine: the first run takes a while)"):
         llm.warm_up()
     return llm
@@ -217,31 +248,34 @@ class Repl:
         ui.console.print(f"[dim]{name} = {getattr(conversation.settings, name)}[/dim]")
 
     def _reload_with_ctx(self, value: str) -> None:
-        from ..chat.conversation import Conversation
-
+        """A new KV cache of that size for the same model and conversation; a size that cannot be used
+        (not an integer, under 16, a cache that would not fit in memory) changes nothing."""
         try:
             n_ctx = int(value)
         except ValueError:
             raise LocalLLMError(f"ctx must be an integer, got '{value.strip()}'") from None
-        old = self.conversation
-        llm = load_with_status(str(old.model.path), n_ctx, self.threads, backend=old.model.backend.name)
-        new = Conversation(llm, settings=old.settings)
-        new.messages = old.messages
-        old.model.close()
-        self.conversation = new
-        ui.console.print(f"[dim]context = {llm.n_ctx} tokens[/dim]")
+        self.conversation.set_context(n_ctx)
+        ui.console.print(f"[dim]context = {self.conversation.model.n_ctx} tokens[/dim]")
 
     def _print_settings(self) -> None:
         conversation = self.conversation
+        model = conversation.model
         for key, value in vars(conversation.settings).items():
+            if key == "repeat_penalty" and value is None:
+                value = f"{model.chat_repeat_penalty()} (the model's default)"
             ui.console.print(f"  {key:<15} {value}")
-        ui.console.print(f"  {'ctx':<15} {conversation.model.n_ctx}")
+        ui.console.print(f"  {'ctx':<15} {model.n_ctx} (trained on {model.trained_ctx})")
+        ui.console.print(f"  {'template':<15} {model.chat_template.name}"
+                         + (" (base model: a plain transcript)" if model.is_base_model else ""))
         ui.console.print(f"  {'system':<15} {conversation.system!r}")
 
     def _show(self) -> None:
         from ..model.info import describe
 
-        info = describe(self.conversation.model.reader)
+        model = self.conversation.model
+        info = describe(model.reader)
+        # the context in use, as the banner and /stats give it, beside the trained length describe() reads
+        info["context_length"] = f"{model.n_ctx} (trained on {model.trained_ctx})"
         ui.print_model_summary(info)
         ui.console.print("[bold]settings[/bold]")
         self._print_settings()

@@ -26,7 +26,7 @@ Backend = typer.Option(
     help="cpu, cuda (NVIDIA GPU; pip install 'localllm\\[cuda]') or auto (cuda when a GPU is present).",
 )
 Ctx = typer.Option(
-    None, "--ctx", "-c", help="Context size in tokens (default: trained context, capped by memory).",
+    None, "--ctx", "-c", help="Context size in tokens (default: 4096, or the model's trained length if shorter).",
     envvar="LOCALLLM_CTX", min=16,
 )
 MaxTokens = typer.Option(256, "--max-tokens", "-n", help="Stop after this many generated tokens.")
@@ -34,14 +34,19 @@ Temperature = typer.Option(0.8, "--temperature", help="0 = greedy.")
 TopK = typer.Option(40, "--top-k")
 TopP = typer.Option(0.95, "--top-p")
 MinP = typer.Option(0.05, "--min-p")
-RepeatPenalty = typer.Option(1.0, "--repeat-penalty")
+RepeatPenalty = typer.Option(
+    None, "--repeat-penalty", help="1 = off (default: off; 1.1 when a base model chats through the transcript).",
+    show_default=False,
+)
 Seed = typer.Option(None, "--seed", help="Same seed, same tokens.")
 Stop = typer.Option(None, "--stop", help="Stop string (repeatable).")
 
 
 def sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop: Optional[List[str]]):
+    """The SamplingConfig of the options; repeat_penalty None (not given) means 1.0 (off)."""
     from ..sampling import SamplingConfig
 
+    repeat_penalty = 1.0 if repeat_penalty is None else repeat_penalty
     try:
         return SamplingConfig(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,

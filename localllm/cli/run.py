@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import List, Optional
 
@@ -19,10 +20,10 @@ def run(
     top_k: int = opt.TopK,
     top_p: float = opt.TopP,
     min_p: float = opt.MinP,
-    repeat_penalty: float = opt.RepeatPenalty,
+    repeat_penalty: Optional[float] = opt.RepeatPenalty,
     seed: Optional[int] = opt.Seed,
     stop: Optional[List[str]] = opt.Stop,
-    chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template to the prompt."),
+    chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template to the prompt (a base model: a transcript)."),
     json_out: bool = typer.Option(False, "--json", help="Print {prompt_tokens, tokens, text, timings}."),
     ctx: Optional[int] = opt.Ctx,
     threads: Optional[int] = opt.Threads,
@@ -43,6 +44,9 @@ def run(
     llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
     source = [{"role": "user", "content": prompt}] if chat else prompt
     prompt_ids = llm.render_chat(source) if chat else llm.tokenize(prompt)
+    if chat:  # the template's stop strings and default penalty (a base model's transcript: "\nUser:", 1.1)
+        config = dataclasses.replace(config, repeat_penalty=llm.chat_repeat_penalty(repeat_penalty),
+                                     stop=config.stop + llm.chat_stop())
     tokens, pieces, timings = [], [], None
     for event in llm.generate(prompt_ids, max_tokens=max_tokens, sampling=config):
         if event.kind == "token":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -35,7 +36,7 @@ def show(
         return
     with GGUFReader(path) as reader:
         info = describe(reader)
-        info["template"] = template_info(reader.metadata)
+        info["template"] = template_info(reader.metadata, Path(path).name)
         info["sampling"] = default_sampling()
         if json_out:
             if tensors:
@@ -51,11 +52,12 @@ def show(
             ui.print_tensors(reader)
 
 
-def template_info(metadata) -> dict:
-    """{origin: "file" | "builtin", name, text}: the template `chat` will apply to this file."""
+def template_info(metadata, file_name: str = "") -> dict:
+    """{origin: "file" | "builtin", name, text}: the template `chat` will apply to this file (a base
+    model's: the transcript, see localllm/chat/builtin.py is_base_model)."""
     from ..chat.templates import ChatTemplate
 
-    template = ChatTemplate.from_metadata(metadata)
+    template = ChatTemplate.for_model(metadata, file_name)
     origin = "file" if template.name == "gguf" else "builtin"
     return {"origin": origin, "name": template.name, "text": template.source}
 

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from ..backends.base import Backend
+from ..errors import LocalLLMError
 from .hparams import HParams
 from .weights import BoundWeights, TensorSpec, bind_weights
 
@@ -47,6 +48,22 @@ class Buffers:
             setattr(view, name, value[:n_tokens] if isinstance(value, np.ndarray) else value)
         view.n_tokens = n_tokens
         return view
+
+
+GIB = 1024**3
+
+
+class KVCacheTooLarge(LocalLLMError):
+    """The KV cache for the context asked for would not fit in the memory available (checked before any of it
+    is allocated)."""
+
+    def __init__(self, n_ctx: int, needed_bytes: int, available_bytes: int, fitting_ctx: int):
+        self.n_ctx, self.needed_bytes, self.available_bytes = n_ctx, needed_bytes, available_bytes
+        hint = f"at most about {fitting_ctx} tokens fit" if fitting_ctx >= 16 else "not even a small context fits"
+        super().__init__(
+            f"a context of {n_ctx} tokens needs {needed_bytes / GIB:.1f} GiB of memory (KV cache and weights) "
+            f"but {available_bytes / GIB:.1f} GiB is available: choose a smaller context ({hint})"
+        )
 
 
 class KVCache:
