@@ -4,6 +4,12 @@ Each maps to one line on stderr and exit code 1 in the CLI (see localllm/cli/err
 """
 
 
+def one_line(text: str) -> str:
+    """`text` with control characters (newlines, terminal escapes) written as escapes: a message that
+    quotes a file's bytes (a key, a tensor name) stays one line and cannot drive the terminal."""
+    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
+
+
 class LocalLLMError(Exception):
     """Base class of every error localllm raises on purpose."""
 
@@ -20,7 +26,7 @@ class GGUFError(LocalLLMError):
         self.offset = offset
         self.problem = problem
         where = f" at byte {offset}" if offset is not None else ""
-        super().__init__(f"{self.path}: {field}{where}: {problem}")
+        super().__init__(one_line(f"{self.path}: {field}{where}: {problem}"))
 
 
 class UnsupportedQuantType(LocalLLMError):

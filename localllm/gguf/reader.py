@@ -37,6 +37,7 @@ from .constants import (
     GGMLTypeInfo,
     ValueType,
 )
+from .metadata import Metadata
 
 # llama.cpp refuses tensor names of GGML_MAX_NAME (64) bytes or more; so do we.
 MAX_TENSOR_NAME = 63
@@ -197,7 +198,7 @@ class GGUFReader:
             raise GGUFError(self.path, "file", None, f"cannot open: {exc.strerror or exc}") from None
         self._buffer = np.frombuffer(self._mmap, dtype=np.uint8)
         _FILE_MAPPINGS[self._mmap] = self._buffer.ctypes.data
-        self.metadata: dict[str, Any] = {}
+        self.metadata: Metadata = Metadata(path=self.path)  # a dict with checked accessors (get_int ...)
         self.value_types: dict[str, tuple[ValueType, Optional[ValueType]]] = {}
         self.tensors: dict[str, TensorInfo] = {}
         try:
@@ -370,9 +371,15 @@ class GGUFReader:
             raise GGUFError(self.path, "metadata key 'general.architecture'", None, "missing or not a string")
         return arch
 
+    def arch_key(self, suffix: str) -> str:
+        """'<architecture>.<suffix>' (e.g. 'llama.attention.head_count'), for the checked accessors:
+        `reader.metadata.get_int(reader.arch_key("block_count"), min=1)`."""
+        return f"{self.architecture}.{suffix}"
+
     def arch_get(self, suffix: str, default=None):
-        """The value of '<architecture>.<suffix>' (e.g. 'attention.head_count')."""
-        return self.metadata.get(f"{self.architecture}.{suffix}", default)
+        """The unchecked value of '<architecture>.<suffix>' (display only; the engine uses arch_key and the
+        checked accessors of `metadata`)."""
+        return self.metadata.get(self.arch_key(suffix), default)
 
     def tensor_bytes(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only uint8 view [n_rows, row_bytes] into the mapping."""

@@ -65,6 +65,8 @@ def _resegment(piece: str, token_to_id: dict, byte_ids: list, unk_id, out: list)
         token = byte_ids[byte]
         if token is None:
             if unk_id is None:
-                raise KeyError(f"no token for byte 0x{byte:02X} and no unknown token")
+                from .vocab import TokenizerError  # here, not at the top: vocab imports this module
+
+                raise TokenizerError(f"the vocabulary has no token for byte 0x{byte:02X} and no unknown token")
             token = unk_id
         out.append(token)

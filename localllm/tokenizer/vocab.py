@@ -9,9 +9,13 @@ tokenized by the model (SentencePiece-style "llama" or byte-level BPE "gpt2").
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterable, Mapping, Optional
 
+import numpy as np
+
 from ..errors import LocalLLMError
+from ..gguf.metadata import Metadata
 from .bpe import CHAR_TO_BYTE, PRE_NAMES, BPEModel
 from .spm import SPACE, spm_encode
 
@@ -21,6 +25,7 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
              "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>"}
 SUPPORTED_MODELS = ("llama", "gpt2")
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 class TokenizerError(LocalLLMError):
@@ -73,36 +78,48 @@ class Tokenizer:
     # -- construction ---------------------------------------------------------------------------------------
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
-        model = meta.get("tokenizer.ggml.model")
+        """The tokenizer of a file's metadata (a GGUFReader's `metadata`, or a plain mapping). Every
+        tokenizer.* value used, the chat template text included, is type- and range-checked here: a
+        wrong one is a GGUFError naming its key."""
+        meta = Metadata.of(meta)
+        model = meta.get_str("tokenizer.ggml.model", None)
         if model is None:
             raise TokenizerError("the file has no vocabulary (tokenizer.ggml.model is missing)")
-        tokens = meta.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens:
+        tokens = meta.get_array("tokenizer.ggml.tokens", "str", None)
+        if not tokens:
             raise TokenizerError("tokenizer.ggml.tokens is missing or empty")
         n = len(tokens)
-        types = meta.get("tokenizer.ggml.token_type")
-        types = [NORMAL] * n if types is None else [int(t) for t in types]
-        scores = meta.get("tokenizer.ggml.scores")
+        type_array = meta.get_array("tokenizer.ggml.token_type", "int", None, min=0, max=BYTE)
+        types = [NORMAL] * n if type_array is None else type_array.tolist()
+        scores = meta.get_array("tokenizer.ggml.scores", "float", None)
         if scores is not None:
-            scores = [float(s) for s in scores]
+            scores = scores.tolist()
         for key, values in (("token_type", types), ("scores", scores)):
             if values is not None and len(values) != n:
                 raise TokenizerError(f"tokenizer.ggml.{key} has {len(values)} entries for {n} tokens")
+        if model == "llama" and type_array is not None:
+            _check_byte_tokens(meta, tokens, type_array)
+        meta.get_str("tokenizer.chat_template", None)  # rendered later (chat/); its type is checked at load
 
         def token_id(key):
-            value = meta.get(f"tokenizer.ggml.{key}")
-            return None if value is None or int(value) < 0 or int(value) == 0xFFFFFFFF else int(value)
+            # Negative and 0xFFFFFFFF mean "none" (llama.cpp writes -1 as uint32); others must be in the vocabulary.
+            value = meta.get_int(f"tokenizer.ggml.{key}", None)
+            if value is None or value < 0 or value == 0xFFFFFFFF:
+                return None
+            if value >= n:
+                meta.fail(f"tokenizer.ggml.{key}", f"token id {value} is outside the {n}-token vocabulary")
+            return value
 
         def flag(key):
-            value = meta.get(f"tokenizer.ggml.{key}")
-            return None if value is None else bool(value)
+            return meta.get_bool(f"tokenizer.ggml.{key}", None)
 
-        pre = meta.get("tokenizer.ggml.pre")
+        pre = meta.get_str("tokenizer.ggml.pre", None)
+        merges = meta.get_array("tokenizer.ggml.merges", "str", None)
         add_bos = flag("add_bos_token")
         if add_bos is None and model == "gpt2":
             add_bos = PRE_NAMES.get(pre or "default") == "llama3"  # llama.cpp's default for Llama 3
         return cls(
-            str(model), tokens, types, scores=scores, merges=meta.get("tokenizer.ggml.merges"), pre=pre,
+            model, tokens, types, scores=scores, merges=merges, pre=pre,
             bos_id=token_id("bos_token_id"), eos_id=token_id("eos_token_id"), unk_id=token_id("unknown_token_id"),
             eot_id=token_id("eot_token_id"), eom_id=token_id("eom_token_id"),
             add_bos=add_bos, add_eos=bool(flag("add_eos_token")), add_space_prefix=flag("add_space_prefix"),
@@ -192,3 +209,10 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer({self.model}, {self.vocab_size} tokens, pre={self.pre!r})"
+
+
+def _check_byte_tokens(meta: Metadata, tokens: list[str], types: np.ndarray) -> None:
+    """A SentencePiece vocabulary's BYTE tokens must read <0xXX> (token_to_piece decodes the two hex digits)."""
+    for i in np.flatnonzero(types == BYTE).tolist():
+        if not _BYTE_TOKEN.fullmatch(tokens[i]):
+            meta.fail("tokenizer.ggml.tokens", f"token {i} has type BYTE but reads {tokens[i][:20]!r}, not <0xXX>")

@@ -30,7 +30,7 @@ class Gemma3(Decoder):
     QK_NORM = True
 
     def read_extra(self, reader) -> None:
-        self.sliding_window = int(reader.arch_get("attention.sliding_window", 0) or 0)
+        self.sliding_window = reader.metadata.get_int(reader.arch_key("attention.sliding_window"), 0, min=0)
 
     def is_global(self, il: int) -> bool:
         return (il + 1) % GLOBAL_EVERY == 0
