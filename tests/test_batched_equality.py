@@ -11,6 +11,10 @@ would alone), chunks of BLAS_MIN_ROWS rows or more beside short ones, a prompt s
 (the second attending to the cached first), and decode rows. The Gemma tests (test_paged.py,
 test_server.py) cover only Q4_K/Q5_0/Q6_K/Q8_0, which never take BLAS.
 
+The same steps are checked at three levels: matmul_segments against matmul per segment, forward_batch
+against Decoder.forward per sequence (steps written out below), and the server's Engine (its own step
+composition and prompt chunking) against Model.generate alone, tokens and logprobs.
+
 Tiny random llama models (tests/tiny_models.py), all matrices in the type under test.
 """
 
@@ -158,3 +162,64 @@ def test_the_cases_cover_both_paths_and_the_re_laid_layout():
     assert {"Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"} <= multirow
     assert {"F16", "BF16", "F32", "Q5_1", "Q4_1", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"} <= {name for name, _ in CASES} - multirow
     assert ("Q4_K", True) in CASES and ("Q4_K", False) in CASES
+
+
+# -- the engine: its own step composition and prompt chunking ---------------------------------------------------
+
+ENGINE_PROMPTS = [PROMPTS["a"], PROMPTS["b"], PROMPTS["c"], PROMPTS["e"]]
+
+
+def _engine_events(model, prompts, max_tokens: int) -> list[list]:
+    """Each prompt's token events from one Engine running them all (queued before it starts, so the
+    first step admits them together), greedy, with the three best logprobs of every token."""
+    import asyncio
+
+    from localllm.sampling import SamplingConfig
+    from localllm.server.engine import Engine, GenerationRequest
+
+    engine = Engine(model, parallel=len(prompts), cache_mb=4, prefill_chunk=CHUNK)
+    loop = asyncio.new_event_loop()
+    try:
+        handles = [engine.submit(GenerationRequest(list(p), SamplingConfig(temperature=0.0), max_tokens=max_tokens,
+                                                   top_logprobs=3), loop) for p in prompts]
+
+        async def collect(handle):
+            return [e async for e in handle.events() if e.kind == "token"]
+
+        async def all_events():
+            return await asyncio.gather(*(collect(h) for h in handles))
+
+        engine.start()
+        try:
+            return loop.run_until_complete(asyncio.wait_for(all_events(), 120))
+        finally:
+            engine.stop()
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("qtype,repack", CASES, ids=IDS)
+def test_the_engine_gives_each_request_what_generate_gives_it_alone(tiny, qtype, repack, monkeypatch):
+    """Four prompts queued together: the engine's first step runs two short prompts (20 + 18 rows, each
+    under BLAS_MIN_ROWS, together over it), then the 70-token prompt in chunks of CHUNK beside decode
+    rows, then the 35-token one. Each request's tokens and logprobs equal Model.generate's alone, with the
+    same prompt chunking (PREFILL_CHUNK = CHUNK)."""
+    import localllm.generate
+
+    model = tiny(qtype, repack)
+    monkeypatch.setattr(localllm.generate, "PREFILL_CHUNK", CHUNK)
+    steps, forward_batch = [], model.decoder.forward_batch
+
+    def recording(cache, layout, logit_rows):  # the prompt rows of each sequence in each step
+        steps.append([int(n) for n in layout.seq_rows[layout.n_rowwise :]])
+        return forward_batch(cache, layout, logit_rows)
+
+    monkeypatch.setattr(model.decoder, "forward_batch", recording)
+    got = _engine_events(model, ENGINE_PROMPTS, max_tokens=4)
+    assert steps[:4] == [[20, 18], [CHUNK], [30], [35]]  # the steps the docstring describes
+    for prompt, events in zip(ENGINE_PROMPTS, got):
+        alone = [e for e in model.generate(list(prompt), max_tokens=4, temperature=0.0, top_logprobs=3,
+                                           session=model.new_session()) if e.kind == "token"]
+        assert [(e.token, e.logprob, e.top_logprobs) for e in events] == [
+            (e.token, e.logprob, e.top_logprobs) for e in alone], qtype
+        assert len(events) >= 1
