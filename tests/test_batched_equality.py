@@ -164,6 +164,23 @@ def test_the_cases_cover_both_paths_and_the_re_laid_layout():
     assert ("Q4_K", True) in CASES and ("Q4_K", False) in CASES
 
 
+@pytest.mark.parametrize("qtype,repack", CASES, ids=IDS)
+def test_matmul_rows_gives_each_row_what_a_one_row_matmul_gives_it(tiny, qtype, repack):
+    """Decode rows (matmul_rows): 5 rows (row kernels) and 20 (tile kernels, from TILE_MIN_ROWS)."""
+    model, rng = tiny(qtype, repack), np.random.default_rng(8)
+    assert 5 < TILE_MIN_ROWS <= 20 < BLAS_MIN_ROWS
+    for n_rows in (5, 20):
+        for name in ("blk.1.attn_v.weight", "blk.1.ffn_down.weight", "output.weight"):
+            w = model.decoder.w[name]
+            x = rng.standard_normal((n_rows, w.n_in)).astype(np.float32)
+            expected = np.zeros((n_rows, w.n_out), np.float32)
+            for t in range(n_rows):
+                model.backend.matmul(w, x[t : t + 1], expected[t : t + 1])
+            out = np.zeros_like(expected)
+            model.backend.matmul_rows(w, x, out)
+            np.testing.assert_array_equal(out, expected, err_msg=f"{qtype} {name} {n_rows} rows")
+
+
 # -- the engine: its own step composition and prompt chunking ---------------------------------------------------
 
 ENGINE_PROMPTS = [PROMPTS["a"], PROMPTS["b"], PROMPTS["c"], PROMPTS["e"]]
