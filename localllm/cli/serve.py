@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
@@ -22,6 +23,7 @@ def serve(
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="Waiting requests before 503."),
     threads: Optional[int] = opt.Threads,
     backend: str = opt.Backend,
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No access log (one line per request on stderr)."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
     from ..errors import LocalLLMError
@@ -33,15 +35,21 @@ def serve(
         raise LocalLLMError("serve does not support --backend cuda yet (its batched decode needs host buffers); use --backend cpu")
 
     options = ServeOptions(host=host, port=port, parallel=parallel, ctx=ctx, api_key=api_key, cache_mb=cache_mb,
-                           max_queue=max_queue, threads=threads)
+                           max_queue=max_queue, threads=threads, access_log=None if quiet else _log_line)
 
-    def ready(llm, engine, model_id) -> None:
+    def ready(llm, engine, model_id, url) -> None:
+        # url has the port actually bound (--port 0: the one the system chose)
         ui.status(
-            f"serving {model_id} on http://{host}:{port}/v1  (parallel {parallel}, context {engine.seq_ctx}, "
-            f"KV cache {engine.pool.n_blocks} blocks of {engine.block_size} tokens)"
+            f"serving {model_id} on {url}/v1  (parallel {parallel}, context {int(engine.seq_ctx)}, "
+            f"KV cache {int(engine.pool.n_blocks)} blocks of {int(engine.block_size)} tokens)"
         )
 
     def warming_up():
         return ui.err_console.status("preparing the kernels (compiled once per machine: the first run takes a while)")
 
     run_server(model, options, on_ready=ready, warming_up=warming_up)
+
+
+def _log_line(line: str) -> None:
+    """The access log: plain text on stderr (not rich: a logged path is not markup)."""
+    print(line, file=sys.stderr, flush=True)

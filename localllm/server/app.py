@@ -1,13 +1,14 @@
 """The HTTP API (Starlette): OpenAI's chat/completions/models, plus /health, /metrics, /tokenize,
-/detokenize. Handlers parse and validate (protocol.py), submit to the engine and render its events;
-all generation happens on the engine thread."""
+/detokenize. Handlers parse and validate (protocol.py), have the prompt rendered and tokenized on a
+preparation thread (prepare.py: never on the event loop, and text that cannot fit the context refused
+before), submit to the engine and render its events; all generation happens on the engine thread."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import json
-from typing import Optional
+from typing import Callable, Optional
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -16,26 +17,34 @@ from starlette.routing import Route
 
 from ..errors import ContextOverflow, LocalLLMError
 from . import protocol as p
+from .access_log import AccessLog, note_tokens
 from .engine import Engine, QueueFull
 from .metrics import render_metrics
+from .prepare import PromptPreparer
 
 DEFAULT_MAX_BODY_BYTES = 4 * 2**20
 
 
 class ServerConfig:
+    """model_id: the name the server answers with; aliases: other names requests may use for it (any
+    case); access_log: called with one line per request (access_log.py), None for no log."""
+
     def __init__(self, model_id: str, api_key: Optional[str] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 aliases: tuple = ()):
+                 aliases: tuple = (), access_log: Optional[Callable[[str], None]] = None):
         self.model_id = model_id
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
-        self.model_ids = [model_id, *[a for a in aliases if a and a != model_id]]
+        self.model_ids = [model_id, *[a for a in dict.fromkeys(aliases) if a and a != model_id]]
+        self.access_log = access_log
 
 
-def create_app(engine: Engine, config: ServerConfig) -> Starlette:
+def create_app(engine: Engine, config: ServerConfig):
+    """The ASGI app: Starlette's, inside the access log when config.access_log is set."""
     api = _API(engine, config)
     routes = [
         Route("/health", api.health, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", api.model_info, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
@@ -43,7 +52,7 @@ def create_app(engine: Engine, config: ServerConfig) -> Starlette:
         Route("/v1/completions", api.completions, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
-    return app
+    return AccessLog(app, config.access_log) if config.access_log is not None else app
 
 
 async def _not_found(request: Request, exc) -> Response:
@@ -68,6 +77,8 @@ def _as_api_error(exc: Exception) -> p.APIError:
         return p.APIError(503, str(exc), type="server_error", code="queue_full")
     if isinstance(exc, LocalLLMError):
         return p.invalid(str(exc))
+    if isinstance(exc, UnicodeEncodeError):  # JSON may carry lone surrogates ("\ud800"): not text to tokenize
+        return p.invalid(f"the request's text is not valid Unicode: {exc.reason} ({exc.object[exc.start:exc.end]!r})")
     return p.APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
 
 
@@ -91,6 +102,7 @@ class _API:
         self.model = engine.model
         self.tokenizer = engine.tokenizer
         self.config = config
+        self.prepare = PromptPreparer(self.tokenizer, engine.seq_ctx)
 
     # -- plumbing -----------------------------------------------------------------------------------------------
     def authorize(self, request: Request) -> None:
@@ -117,16 +129,26 @@ class _API:
             parsed = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise p.invalid(f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:  # arrays or objects nested deeper than Python's parser goes (~1000 levels)
+            raise p.invalid("the request body nests arrays or objects too deeply") from None
         return p.require_object(parsed)
 
     # -- small endpoints ------------------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    def model_object(self) -> dict:
+        return {"id": self.config.model_id, "object": "model", "created": 0, "owned_by": "localllm"}
+
     @_handler
     async def models(self, request: Request) -> Response:
-        data = [{"id": self.config.model_id, "object": "model", "created": 0, "owned_by": "localllm"}]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [self.model_object()]})
+
+    @_handler
+    async def model_info(self, request: Request) -> Response:
+        """GET /v1/models/{model}: the served model under any of its names; 404 for another."""
+        p.check_model({"model": request.path_params["model"]}, self.config.model_ids)
+        return JSONResponse(self.model_object())
 
     @_handler
     async def metrics(self, request: Request) -> Response:
@@ -140,8 +162,14 @@ class _API:
             raise p.invalid("'content' must be a string", "content")
         add_special = p._boolean(body, "add_special", False)
         parse_special = p._boolean(body, "parse_special", True)
-        ids = self.tokenizer.encode(content, add_bos=add_special, parse_special=parse_special)
+        # Bounded as a prompt is: longer text could not be a prompt here, and tokenizing it would hold
+        # a preparation thread for many seconds.
+        self.prepare.check(content, "content", "the content")
+        ids = await self.prepare.run(self._encode, content, add_special, parse_special)
         return JSONResponse({"tokens": ids})
+
+    def _encode(self, content: str, add_special: bool, parse_special: bool) -> list:
+        return self.tokenizer.encode(content, add_bos=add_special, parse_special=parse_special)
 
     @_handler
     async def detokenize(self, request: Request) -> Response:
@@ -163,13 +191,22 @@ class _API:
         top = p.chat_top_logprobs(body)
         stream = p._boolean(body, "stream", False)
         include_usage = p.stream_options(body)
-        prompt = self.model.render_chat(messages)
-        gen = p.sampling_request(body, prompt, top)
+        gen = p.sampling_request(body, [], top)  # every field checked before the prompt is prepared
+        gen.prompt = await self.prepare.run(self._chat_prompt, messages)
         handle = self.engine.submit(gen, asyncio.get_running_loop())
-        renderer = _ChatRenderer(self.tokenizer, model_id, len(prompt), top is not None)
+        renderer = _ChatRenderer(self.tokenizer, model_id, len(gen.prompt), top is not None)
+        note_tokens(request, renderer)
         if stream:
             return _sse(handle, renderer, include_usage)
         return await _collect(request, handle, renderer)
+
+    def _chat_prompt(self, messages: list) -> list:
+        """On a preparation thread: the template's text, refused by its size when it cannot fit, then
+        the prompt ids as Model.render_chat makes them (it renders again: under 2 ms for 4 MB of text,
+        and the model keeps the one definition of a chat prompt)."""
+        text = self.model.chat_template.apply(messages, add_generation_prompt=True)
+        self.prepare.check(text, "messages", "the rendered conversation")
+        return self.model.render_chat(messages)
 
     @_handler
     async def completions(self, request: Request) -> Response:
@@ -179,13 +216,18 @@ class _API:
             raise p.invalid("'echo' is not supported", "echo")
         if body.get("suffix") is not None:
             raise p.invalid("'suffix' is not supported", "suffix")
-        prompt = p.completion_prompt(body, self.model.tokenize)
+        prompt = p.completion_prompt(body)
         top = p.completion_top_logprobs(body)
         stream = p._boolean(body, "stream", False)
         include_usage = p.stream_options(body)
-        gen = p.sampling_request(body, prompt, top)
+        gen = p.sampling_request(body, [], top)  # every field checked before the prompt is tokenized
+        if isinstance(prompt, str):
+            self.prepare.check(prompt, "prompt")
+            prompt = await self.prepare.run(self.model.tokenize, prompt)
+        gen.prompt = prompt
         handle = self.engine.submit(gen, asyncio.get_running_loop())
         renderer = _CompletionRenderer(self.tokenizer, model_id, len(prompt), top is not None)
+        note_tokens(request, renderer)
         if stream:
             return _sse(handle, renderer, include_usage)
         return await _collect(request, handle, renderer)

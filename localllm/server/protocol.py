@@ -40,6 +40,15 @@ def invalid(message: str, param: Optional[str] = None, code: Optional[str] = Non
 
 # -- field readers ---------------------------------------------------------------------------------------------
 
+def _limit(value) -> str:
+    """A bound as a user reads it: 2147483648 and -2, not 2147483648.0 and -2.0."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def _out_of_range(name: str, value, low, high) -> APIError:
+    return invalid(f"'{name}' must be between {_limit(low)} and {_limit(high)} (got {value!r})", name)
+
+
 def _number(body: dict, name: str, default, low: float = -math.inf, high: float = math.inf):
     value = body.get(name)
     if value is None:
@@ -47,7 +56,7 @@ def _number(body: dict, name: str, default, low: float = -math.inf, high: float 
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise invalid(f"'{name}' must be a number (got {value!r})", name)
     if not low <= value <= high:
-        raise invalid(f"'{name}' must be between {low} and {high} (got {value!r})", name)
+        raise _out_of_range(name, value, low, high)
     return value
 
 
@@ -58,7 +67,7 @@ def _integer(body: dict, name: str, default, low: int = -(2**63), high: int = 2*
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(f"'{name}' must be an integer (got {value!r})", name)
     if not low <= value <= high:
-        raise invalid(f"'{name}' must be between {low} and {high} (got {value!r})", name)
+        raise _out_of_range(name, value, low, high)
     return value
 
 
@@ -101,13 +110,14 @@ def _logit_bias(body: dict) -> Optional[dict]:
 
 
 def check_model(body: dict, model_ids: list) -> str:
-    """The model a request names: absent means the served one; another name is a 404."""
+    """The model a request names: absent means the served one, as does any of its names (model_ids,
+    compared ignoring case and surrounding spaces); another name is a 404."""
     name = body.get("model")
     if name is None:
         return model_ids[0]
     if not isinstance(name, str):
         raise invalid("'model' must be a string", "model")
-    if name not in model_ids:
+    if name.strip().lower() not in {m.lower() for m in model_ids}:
         raise APIError(404, f"The model '{name}' does not exist (this server serves {model_ids[0]!r})",
                        param="model", code="model_not_found")
     return model_ids[0]
@@ -177,13 +187,14 @@ def completion_top_logprobs(body: dict) -> Optional[int]:
     return _integer(body, "logprobs", None, 0, MAX_TOP_LOGPROBS)
 
 
-def completion_prompt(body: dict, tokenize) -> list:
-    """prompt: a string, a list of token ids, or a one-element list of either."""
+def completion_prompt(body: dict):
+    """prompt: a string, a list of token ids, or a one-element list of either -> the text (to be
+    tokenized) or the ids."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenize(prompt)
+        return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return list(prompt)
     raise invalid("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")

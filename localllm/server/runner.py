@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import socket
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ..errors import LocalLLMError
 from .app import DEFAULT_MAX_BODY_BYTES, ServerConfig, create_app
@@ -29,20 +31,100 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     threads: Optional[int] = None
     warm_up: bool = True  # prepare the kernels on the engine's thread before listening (Engine.warm_up)
+    access_log: Optional[Callable[[str], None]] = None  # called with one line per request (access_log.py)
+
+
+def _listed_name(path: Path) -> Optional[str]:
+    """The name `localllm list` shows for a file of the models directory (gemma-3-270m for the default,
+    the registry name for a pulled file), None for a file elsewhere or when it cannot be told."""
+    from ..hub.local import local_name
+    from ..hub.store import models_dir
+
+    try:
+        if path.resolve().parent != models_dir().resolve():
+            return None
+        return local_name(path)
+    except (LocalLLMError, OSError):
+        return None
+
+
+def _registry_choice(path: Path):
+    """The registry entry and quant this file is (by the pull index, else by file name), or None."""
+    from ..hub.pull import pulled_records
+    from ..hub.registry import default_registry
+
+    try:
+        record = pulled_records(path.parent).get(path.name)
+        registry = default_registry()
+        return registry.by_file(record.repo_id, record.filename) if record else registry.by_file(None, path.name)
+    except (LocalLLMError, OSError):  # a broken registry must not stop the server
+        return None
 
 
 def model_id_of(model, name: Optional[str]) -> str:
-    return name or Path(model.path).stem
+    """The id the server answers with: the name it was started with, else the file's listed name
+    (`localllm list`), else the file's stem."""
+    return name or _listed_name(Path(model.path)) or Path(model.path).stem
+
+
+def served_names(model, name: Optional[str]) -> list:
+    """Every name a request may give the served model: its id, the file's stem and name, its listed
+    name, and every registry name of the same file (for a pulled llama-3.1-8b-instruct-q4_k_m:
+    llama-3.1-8b-instruct, llama-3.1-8b, llama-3.1-8b-q4 ...)."""
+    path = Path(model.path)
+    names = [model_id_of(model, name), path.stem, path.name, _listed_name(path)]
+    choice = _registry_choice(path)
+    if choice is not None:
+        from ..hub.registry import default_registry
+
+        names += [typed for typed, other in default_registry().names.items() if other == choice]
+    return [n for n in dict.fromkeys(names) if n]
 
 
 def build_app(model, options: ServeOptions, model_id: Optional[str] = None):
-    """The Starlette app and its (not yet started) engine for a loaded model."""
+    """The ASGI app and its (not yet started) engine for a loaded model."""
     engine = Engine(model, parallel=options.parallel, cache_mb=options.cache_mb, block_size=options.block_size,
                     max_queue=options.max_queue)
-    ident = model_id_of(model, model_id)
-    config = ServerConfig(ident, api_key=options.api_key, max_body_bytes=options.max_body_bytes,
-                          aliases=(Path(model.path).stem, Path(model.path).name))
+    names = served_names(model, model_id)
+    config = ServerConfig(names[0], api_key=options.api_key, max_body_bytes=options.max_body_bytes,
+                          aliases=tuple(names[1:]), access_log=options.access_log)
     return create_app(engine, config), engine
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (port 0: any free one), not yet listening; a port in use or an
+    address this machine does not have is a LocalLLMError of one line."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise LocalLLMError(f"cannot listen on {host}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As uvicorn does: a restarted server may take over a port whose old connections are in TIME_WAIT;
+        # a port another socket listens on is still refused (EADDRINUSE).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise LocalLLMError(_bind_failure(host, port, exc)) from None
+    return sock
+
+
+def _bind_failure(host: str, port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return f"port {port} on {host} is already in use; choose another with --port (0: any free port)"
+    if exc.errno == errno.EACCES:
+        return f"no permission to listen on port {port} (ports below 1024 need privileges); choose another with --port"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"cannot listen on {host}: this machine has no such address"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+
+
+def base_url(sock: socket.socket) -> str:
+    """http://HOST:PORT of a bound socket, with the port actually bound (IPv6 hosts in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
 
 
 def _uvicorn_config(app, options: ServeOptions):
@@ -53,16 +135,22 @@ def _uvicorn_config(app, options: ServeOptions):
 
 
 def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warming_up=None) -> None:
-    """Load the model and serve until interrupted. The engine starts and prepares its kernels first
+    """Load the model and serve until interrupted. The socket is bound right after the model loads (a
+    port in use fails before the kernels are prepared); the engine then starts and prepares its kernels
     (options.warm_up: Engine.warm_up on its thread), inside the context manager warming_up() returns
-    when given (the CLI's spinner); then on_ready(model, engine, model_id) runs, just before the socket
-    opens (the CLI's banner)."""
+    when given (the CLI's spinner); then on_ready(model, engine, model_id, url) runs, url naming the
+    port actually bound, just before the socket starts listening (the CLI's banner)."""
     import uvicorn
 
     import localllm
 
     model = localllm.load(model_name, n_ctx=options.ctx, threads=options.threads)
     model.session = None  # the server's sequences live in the paged cache; free the default session's
+    try:
+        sock = bind_socket(options.host, options.port)
+    except BaseException:
+        model.close()
+        raise
     model_id = model_name if model_name and not Path(model_name).exists() else None
     app, engine = build_app(model, options, model_id)
     engine.start(warm_up=options.warm_up)
@@ -70,9 +158,10 @@ def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warmi
         with warming_up() if warming_up is not None else contextlib.nullcontext():
             _wait_ready(engine)
         if on_ready is not None:
-            on_ready(model, engine, model_id_of(model, model_id))
-        uvicorn.Server(_uvicorn_config(app, options)).run()
+            on_ready(model, engine, model_id_of(model, model_id), base_url(sock))
+        uvicorn.Server(_uvicorn_config(app, options)).run(sockets=[sock])
     finally:
+        sock.close()
         engine.stop()
         model.close()
 
@@ -96,28 +185,33 @@ class BackgroundServer:
         self._server = uvicorn.Server(_uvicorn_config(self.app, self.options))
         self._server.install_signal_handlers = lambda: None  # not the main thread
         self._thread: Optional[threading.Thread] = None
+        self._socket: Optional[socket.socket] = None
 
     @property
     def port(self) -> int:
-        return self._server.servers[0].sockets[0].getsockname()[1]
+        return self._socket.getsockname()[1]
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.options.host}:{self.port}"
+        return base_url(self._socket)
 
     def start(self, timeout: float = 30.0) -> "BackgroundServer":
+        self._socket = bind_socket(self.options.host, self.options.port)
         self.engine.start(warm_up=self.options.warm_up)
         try:
             _wait_ready(self.engine)
         except LocalLLMError:
             self.engine.stop()
+            self._socket.close()
             raise
-        self._thread = threading.Thread(target=self._server.run, name="localllm-http", daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]},
+                                        name="localllm-http", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.engine.stop()
+                self._socket.close()
                 raise LocalLLMError(f"the server did not start on {self.options.host}:{self.options.port}")
             time.sleep(0.02)
         return self
@@ -127,6 +221,8 @@ class BackgroundServer:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.engine.stop()
+        if self._socket is not None:
+            self._socket.close()
 
     def __enter__(self) -> "BackgroundServer":
         return self.start()
