@@ -192,7 +192,7 @@ class Repl:
             ui.console.print(f"[yellow]The conversation was longer than the context ({last.n_ctx} tokens): the "
                              f"{last.dropped_messages} oldest message(s) were left out of it.[/yellow]")
         if conversation.settings.verbose and last:
-            ui.console.print(f"[dim]{_timing_line(last)}[/dim]")
+            ui.console.print(f"[dim]{ui.timing_summary(last.timings, last.context_used, last.n_ctx)}[/dim]")
         if conversation.near_full():
             used, n_ctx = conversation.context_used(), conversation.model.n_ctx
             ui.console.print(f"[yellow]Context {used}/{n_ctx} tokens: the oldest messages will be dropped soon "
@@ -283,7 +283,8 @@ class Repl:
     def _stats(self) -> None:
         conversation = self.conversation
         if conversation.last:
-            ui.console.print(_timing_line(conversation.last))
+            last = conversation.last
+            ui.console.print(ui.timing_summary(last.timings, last.context_used, last.n_ctx))
         else:
             ui.console.print("no reply yet")
         ui.console.print(f"context: {conversation.context_used()} of {conversation.model.n_ctx} tokens, "
@@ -341,14 +342,3 @@ def _history_path() -> Path:
         return Path(configured).expanduser()
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "localllm" / "history"
-
-
-def _timing_line(stats) -> str:
-    t = stats.timings
-    new_tokens = t.prompt_tokens - t.cached_tokens
-    prompt_rate = new_tokens / t.prompt_seconds if t.prompt_seconds > 0 else 0.0
-    return (
-        f"time to first token {t.time_to_first_token:.2f} s · prompt {new_tokens} new tokens "
-        f"({t.cached_tokens} cached) at {prompt_rate:.1f} tok/s · reply {t.generated_tokens} tokens at "
-        f"{t.generation_tps:.1f} tok/s · context {stats.context_used}/{stats.n_ctx}"
-    )

@@ -15,7 +15,10 @@ def report(exc: BaseException, debug: bool) -> int:
         import traceback
 
         traceback.print_exception(exc, file=sys.stderr)
-    message = str(exc) or type(exc).__name__
+    from .ui import terminal_safe
+
+    # One line that cannot drive the terminal: messages may quote a file's or the network's text.
+    message = terminal_safe(str(exc) or type(exc).__name__)
     if isinstance(exc, USER_ERRORS):
         print(f"error: {message}", file=sys.stderr)
         return 1

@@ -29,7 +29,7 @@ def rm(
     for path, name in dict(zip(paths, models)).items():  # a file named twice is deleted once
         remove_local(path)
         note = " (rebuilt from the installed package on next use)" if path.name == DEFAULT_FILE else ""
-        ui.console.print(f"deleted {name}{note}")
+        ui.console.print(f"deleted {ui.markup_safe(name)}{note}")
 
 
 def _local_file(name: str) -> Path:

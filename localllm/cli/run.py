@@ -29,6 +29,7 @@ def run(
     threads: Optional[int] = opt.Threads,
     backend: str = opt.Backend,
     yes: bool = typer.Option(False, "--yes", "-y", help="Download the model without asking if it is not local."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the timings on stderr afterwards (as chat's /stats)."),
 ) -> None:
     """Generate a completion for PROMPT."""
     import localllm
@@ -69,3 +70,5 @@ def run(
         })
     else:
         sys.stdout.write("\n")
+    if verbose and timings is not None:
+        ui.err_console.print(ui.timing_summary(timings, len(prompt_ids) + len(tokens), llm.n_ctx), markup=False)

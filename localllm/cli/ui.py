@@ -1,17 +1,94 @@
-"""All rich output of the CLI lives here."""
+"""All rich output of the CLI lives here.
+
+Text that comes from a file or the network (metadata strings, chat templates, tensor and model names,
+file names, error messages that quote them) is printed through `terminal_safe` (control characters such as
+ESC, BEL and CR, which drive the terminal, written as escapes) and `markup_safe` (also rich's
+`[style]` markup escaped) or as rich `Text`, which rich never parses for markup; also into a pipe.
+
+Not on a terminal (a file, a pipe), the consoles neither wrap lines at 80 columns nor pad them with
+trailing spaces: what reaches the file is one line per logical line.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import IO, Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleDimensions
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+_UNWRAPPED_WIDTH = 1 << 14  # the width rich lays out for when writing to a file: no line is cut
+
+
+def terminal_safe(text: Any, keep_newlines: bool = False) -> str:
+    """`text` with every character that is not printable (ESC, BEL, CR, other C0/C1 controls, bidi
+    overrides...) written as its Python escape (`\\x1b`, `\\r`, `\\u202e`); newlines and tabs too,
+    unless `keep_newlines` (multi-line text such as a chat template)."""
+    text = str(text)
+    kept = "\n\t" if keep_newlines else ""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in kept else ascii(c)[1:-1] for c in text)
+
+
+def markup_safe(text: Any, keep_newlines: bool = False) -> str:
+    """`terminal_safe(text)` with rich markup (`[bold red]`, `[link=...]`) escaped too: for text that is
+    put inside a markup string or a table cell."""
+    return escape(terminal_safe(text, keep_newlines))
+
+
+class _UnpaddedLines:
+    """A text stream that drops the spaces rich pads lines with (table cells) at the end of each line."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        lines = text.split("\n")
+        # The last piece is a line still open (a prompt printed with end=""): kept as it is.
+        self._stream.write("\n".join([line.rstrip(" ") for line in lines[:-1]] + lines[-1:]))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, isatty, encoding, fileno ...
+        return getattr(self._stream, name)
+
+
+class _Console(Console):
+    """A rich Console that decides at each print whether its stream is a terminal (tests and callers
+    swap sys.stdout after import): on a terminal as rich does; elsewhere no wrapping and no trailing
+    spaces."""
+
+    def _raw_file(self) -> IO[str]:
+        return Console.file.fget(self)
+
+    def _writes_to_terminal(self) -> bool:
+        isatty = getattr(self._raw_file(), "isatty", None)
+        return bool(isatty and isatty())
+
+    @property
+    def file(self) -> IO[str]:
+        raw = self._raw_file()
+        return raw if self._writes_to_terminal() else _UnpaddedLines(raw)
+
+    @file.setter
+    def file(self, new_file: IO[str]) -> None:
+        self._file = new_file
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = Console.size.fget(self)
+        return size if self._writes_to_terminal() else ConsoleDimensions(_UNWRAPPED_WIDTH, size.height)
+
+    @size.setter
+    def size(self, new_size) -> None:
+        Console.size.fset(self, new_size)
+
+
+console = _Console(highlight=False)
+err_console = _Console(stderr=True, highlight=False)
 
 
 def human_bytes(n: float) -> str:
@@ -30,7 +107,25 @@ def human_count(n: float) -> str:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    """`obj` as indented JSON. Non-ASCII text stays readable; what json.dumps leaves raw that is not
+    printable (C1 controls such as \\x9b, a CSI; bidi overrides) is written as a \\u escape, an equal
+    JSON string that cannot drive the terminal."""
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str)
+    if not text.replace("\n", "").isprintable():
+        text = "".join(c if c.isprintable() or c == "\n" else json.dumps(c)[1:-1] for c in text)
+    sys.stdout.write(text + "\n")
+
+
+def timing_summary(timings, context_used: int, n_ctx: int) -> str:
+    """One line of a reply's timings, as chat's /stats and `run -v` print it. `timings`: generate's
+    Timings; `context_used` of `n_ctx` tokens in the KV cache after the reply."""
+    new_tokens = timings.prompt_tokens - timings.cached_tokens
+    prompt_rate = new_tokens / timings.prompt_seconds if timings.prompt_seconds > 0 else 0.0
+    return (
+        f"time to first token {timings.time_to_first_token:.2f} s · prompt {new_tokens} new tokens "
+        f"({timings.cached_tokens} cached) at {prompt_rate:.1f} tok/s · reply {timings.generated_tokens} tokens at "
+        f"{timings.generation_tps:.1f} tok/s · context {context_used}/{n_ctx}"
+    )
 
 
 def print_model_summary(info: dict[str, Any]) -> None:
@@ -56,14 +151,14 @@ def print_model_summary(info: dict[str, Any]) -> None:
     ]
     for key, value in rows:
         if value is not None:
-            table.add_row(key, str(value))
+            table.add_row(key, Text(terminal_safe(value)))
     console.print(table)
     mix = Table(title="quant mix", title_justify="left")
     mix.add_column("type")
     mix.add_column("tensors", justify="right")
     mix.add_column("size", justify="right")
     for name, entry in info["quant_mix"].items():
-        mix.add_row(name, str(entry["tensors"]), human_bytes(entry["bytes"]))
+        mix.add_row(Text(terminal_safe(name)), str(entry["tensors"]), human_bytes(entry["bytes"]))
     console.print(mix)
 
 
@@ -72,13 +167,14 @@ def print_tensors(reader) -> None:
     for column in ("name", "type", "shape (ggml order)", "size"):
         table.add_column(column)
     for tensor in reader.tensors.values():
-        table.add_row(tensor.name, tensor.ggml_type.name, " x ".join(map(str, tensor.shape)), human_bytes(tensor.nbytes))
+        table.add_row(Text(terminal_safe(tensor.name)), tensor.ggml_type.name, " x ".join(map(str, tensor.shape)),
+                      human_bytes(tensor.nbytes))
     console.print(table)
 
 
 def status(message: str) -> None:
     """A progress line on stderr (stdout stays clean for results)."""
-    err_console.print(f"[dim]{message}…[/dim]")
+    err_console.print(f"[dim]{markup_safe(message)}…[/dim]")
 
 
 def bench_table(results) -> None:
@@ -88,7 +184,7 @@ def bench_table(results) -> None:
         table.add_column(column, justify="right" if column not in ("model", "backend") else "left")
     for r in results:
         table.add_row(
-            r.model_type, human_bytes(r.model_size), human_count(r.n_params), r.backend, str(r.n_threads),
+            Text(terminal_safe(r.model_type)), human_bytes(r.model_size), human_count(r.n_params), r.backend, str(r.n_threads),
             r.test, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
         )
     console.print(table)
@@ -102,8 +198,9 @@ def is_interactive() -> bool:
 
 
 def confirm(question: str) -> bool:
-    """Ask a yes/no question on the terminal; anything but y/yes is no (Ctrl-D too)."""
-    err_console.print(f"{question} [y/N] ", end="")
+    """Ask a yes/no question on the terminal; anything but y/yes is no (Ctrl-D too). The question is plain
+    text (it names models and files): `[y/N]` and any brackets in it print as they are."""
+    err_console.print(Text(f"{terminal_safe(question)} [y/N] "), end="")
     try:
         answer = input()
     except EOFError:
@@ -145,10 +242,11 @@ def print_model_list(models) -> None:
     problems = {}
     for m in models:
         modified = m.modified.astimezone().strftime("%Y-%m-%d %H:%M") if m.modified else (m.problem or "-")
-        rows.append((f"{m.name} (default)" if m.default else m.name, human_bytes(m.size), m.quant or "-",
-                     m.arch or "-", modified))
+        name = terminal_safe(m.name)
+        rows.append((f"{name} (default)" if m.default else name, human_bytes(m.size), terminal_safe(m.quant or "-"),
+                     terminal_safe(m.arch or "-"), terminal_safe(modified)))
         if m.problem and m.modified is not None:
-            problems[len(rows) - 1] = m.problem
+            problems[len(rows) - 1] = terminal_safe(m.problem)
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     for index, row in enumerate(rows):
         cells = [row[0].ljust(widths[0]), row[1].rjust(widths[1]), *(c.ljust(w) for c, w in zip(row[2:], widths[2:]))]
@@ -160,22 +258,23 @@ def print_model_list(models) -> None:
 def print_template_and_sampling(template: dict, sampling: dict) -> None:
     """`show`: where the chat template comes from, its text, and the default sampling settings."""
     origin = "from the file" if template["origin"] == "file" else f"built-in '{template['name']}' (the file has none)"
-    console.print(f"[bold]chat template[/bold] {origin}")
-    console.print(template["text"], markup=False, highlight=False, soft_wrap=True)
+    console.print(f"[bold]chat template[/bold] {markup_safe(origin)}")
+    console.print(Text(terminal_safe(template["text"], keep_newlines=True)), highlight=False, soft_wrap=True)
     console.print("[bold]default sampling[/bold]")
-    console.print("  " + "  ".join(f"{k}={v}" for k, v in sampling.items()), markup=False)
+    console.print(Text("  " + "  ".join(f"{k}={terminal_safe(v)}" for k, v in sampling.items())))
 
 
 def print_registry_entry(info: dict) -> None:
     """`show NAME` for a registry model that is not downloaded: what `pull` would fetch."""
+    name = markup_safe(info["name"])
     if info["supported"]:
-        console.print(f"[bold]{info['name']}[/bold] (not downloaded: `localllm pull {info['name']}`)")
+        console.print(f"[bold]{name}[/bold] (not downloaded: `localllm pull {name}`)")
     else:
-        console.print(f"[bold]{info['name']}[/bold] (architecture {info['arch']} is not supported by localllm yet)")
+        console.print(f"[bold]{name}[/bold] (architecture {markup_safe(info['arch'])} is not supported by localllm yet)")
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
     table.add_column()
     for key in ("repo", "file", "family", "license", "arch", "supported"):
-        table.add_row(key, str(info[key]))
-    table.add_row("quants", ", ".join(f"{q['quant']} ({q['size_gb']:.2f} GB)" for q in info["quants"]))
+        table.add_row(key, Text(terminal_safe(info[key])))
+    table.add_row("quants", Text(terminal_safe(", ".join(f"{q['quant']} ({q['size_gb']:.2f} GB)" for q in info["quants"]))))
     console.print(table)
