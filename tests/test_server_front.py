@@ -113,6 +113,14 @@ def test_limits_in_messages_are_integers(logged, field, value, bounds):
     assert reply.status_code == 400 and f"'{field}' must be {bounds} (got {value!r})" == message
 
 
+def test_a_cache_too_small_is_named_as_typed(model):
+    from localllm.errors import LocalLLMError
+    from localllm.server.engine import Engine
+
+    with pytest.raises(LocalLLMError, match=r"^--cache-mb 0 holds fewer than 2 KV blocks of 16 tokens$"):
+        Engine(model, cache_mb=0.0)  # typer hands --cache-mb over as a float
+
+
 # -- the command ------------------------------------------------------------------------------------------------
 
 def _serve(*args) -> subprocess.Popen:
