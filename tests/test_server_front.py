@@ -113,6 +113,13 @@ def test_limits_in_messages_are_integers(logged, field, value, bounds):
     assert reply.status_code == 400 and f"'{field}' must be {bounds} (got {value!r})" == message
 
 
+def test_a_wrong_value_is_quoted_short(logged):
+    srv, _ = logged
+    reply = httpx.post(srv.base_url + "/v1/completions", json={"prompt": "Hi", "temperature": "x" * 1_000_000})
+    message = reply.json()["error"]["message"]
+    assert reply.status_code == 400 and message == "'temperature' must be a number (got '" + "x" * 76 + "...)"
+
+
 def test_a_cache_too_small_is_named_as_typed(model):
     from localllm.errors import LocalLLMError
     from localllm.server.engine import Engine

@@ -40,13 +40,22 @@ def invalid(message: str, param: Optional[str] = None, code: Optional[str] = Non
 
 # -- field readers ---------------------------------------------------------------------------------------------
 
+MAX_QUOTED_CHARS = 80
+
+
+def _quoted(value) -> str:
+    """repr(value) for an error message, cut to MAX_QUOTED_CHARS (a wrong field may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= MAX_QUOTED_CHARS else text[: MAX_QUOTED_CHARS - 3] + "..."
+
+
 def _limit(value) -> str:
     """A bound as a user reads it: 2147483648 and -2, not 2147483648.0 and -2.0."""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def _out_of_range(name: str, value, low, high) -> APIError:
-    return invalid(f"'{name}' must be between {_limit(low)} and {_limit(high)} (got {value!r})", name)
+    return invalid(f"'{name}' must be between {_limit(low)} and {_limit(high)} (got {_quoted(value)})", name)
 
 
 def _number(body: dict, name: str, default, low: float = -math.inf, high: float = math.inf):
@@ -54,7 +63,7 @@ def _number(body: dict, name: str, default, low: float = -math.inf, high: float 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise invalid(f"'{name}' must be a number (got {value!r})", name)
+        raise invalid(f"'{name}' must be a number (got {_quoted(value)})", name)
     if not low <= value <= high:
         raise _out_of_range(name, value, low, high)
     return value
@@ -65,7 +74,7 @@ def _integer(body: dict, name: str, default, low: int = -(2**63), high: int = 2*
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(f"'{name}' must be an integer (got {value!r})", name)
+        raise invalid(f"'{name}' must be an integer (got {_quoted(value)})", name)
     if not low <= value <= high:
         raise _out_of_range(name, value, low, high)
     return value
@@ -76,7 +85,7 @@ def _boolean(body: dict, name: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise invalid(f"'{name}' must be a boolean (got {value!r})", name)
+        raise invalid(f"'{name}' must be a boolean (got {_quoted(value)})", name)
     return value
 
 
@@ -102,9 +111,9 @@ def _logit_bias(body: dict) -> Optional[dict]:
     bias = {}
     for key, b in value.items():
         if not (isinstance(key, str) and key.isdigit()):
-            raise invalid(f"'logit_bias' keys must be token ids (got {key!r})", "logit_bias")
+            raise invalid(f"'logit_bias' keys must be token ids (got {_quoted(key)})", "logit_bias")
         if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
-            raise invalid(f"'logit_bias' values must be numbers between -100 and 100 (got {b!r})", "logit_bias")
+            raise invalid(f"'logit_bias' values must be numbers between -100 and 100 (got {_quoted(b)})", "logit_bias")
         bias[int(key)] = float(b)
     return bias
 
@@ -118,7 +127,7 @@ def check_model(body: dict, model_ids: list) -> str:
     if not isinstance(name, str):
         raise invalid("'model' must be a string", "model")
     if name.strip().lower() not in {m.lower() for m in model_ids}:
-        raise APIError(404, f"The model '{name}' does not exist (this server serves {model_ids[0]!r})",
+        raise APIError(404, f"The model {_quoted(name)} does not exist (this server serves {model_ids[0]!r})",
                        param="model", code="model_not_found")
     return model_ids[0]
 
