@@ -229,3 +229,25 @@ def test_chat_on_the_base_model_says_so_answers_and_keeps_the_session_on_a_bad_c
     finally:
         child.close()
     assert child.exitstatus == 0
+
+
+# ----- the server's chat endpoint -----
+
+
+def test_the_server_chat_endpoint_uses_the_transcript_with_its_stop_and_penalty(gemma):
+    import httpx
+
+    from localllm.server import BackgroundServer, ServeOptions
+
+    question = [{"role": "user", "content": "What is the capital of Australia?"}]
+    library = text_of(gemma.generate(question, max_tokens=80, temperature=0, session=gemma.new_session()))
+    plain = text_of(gemma.generate(question, max_tokens=80, temperature=0, repeat_penalty=1.0,
+                                   session=gemma.new_session()))
+    with BackgroundServer(gemma, ServeOptions(port=0, parallel=2, cache_mb=16), model_id="base") as server:
+        def ask(**extra):
+            body = {"messages": question, "max_tokens": 80, "temperature": 0, **extra}
+            reply = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+            return reply["choices"][0]["message"]["content"], reply["choices"][0]["finish_reason"]
+
+        assert ask() == (library, "stop") and "User:" not in library
+        assert ask(repeat_penalty=1.0) == (plain, "stop")  # a penalty the request sets is kept

@@ -6,6 +6,7 @@ before), submit to the engine and render its events; all generation happens on t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 from typing import Callable, Optional
@@ -193,6 +194,11 @@ class _API:
         include_usage = p.stream_options(body)
         gen = p.sampling_request(body, [], top)  # every field checked before the prompt is prepared
         gen.prompt = await self.prepare.run(self._chat_prompt, messages)
+        # the template's stop strings, and its repetition penalty unless the request sets one (a base model's
+        # transcript: "\nUser:" and 1.1; nothing for a model's own chat format)
+        gen.stop = gen.stop + self.model.chat_stop()
+        if body.get("repeat_penalty") is None:
+            gen.sampling = dataclasses.replace(gen.sampling, repeat_penalty=self.model.chat_repeat_penalty())
         handle = self.engine.submit(gen, asyncio.get_running_loop())
         renderer = _ChatRenderer(self.tokenizer, model_id, len(gen.prompt), top is not None)
         note_tokens(request, renderer)
