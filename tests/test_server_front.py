@@ -4,6 +4,7 @@ Gemma 3 270M for the HTTP and CLI checks; a tiny model under a registry file nam
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -54,7 +55,7 @@ def test_one_access_log_line_per_request_with_its_tokens(logged):
     body = {"prompt": "One, two,", "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}}
     with httpx.stream("POST", srv.base_url + "/v1/completions", json=body) as response:
         events = [line for line in response.iter_lines() if line.startswith("data: {")]
-    streamed = __import__("json").loads(events[-1][len("data: "):])["usage"]
+    streamed = json.loads(events[-1][len("data: "):])["usage"]
     httpx.get(srv.base_url + "/health")
     httpx.get(srv.base_url + "/no/such%1Bpath")
     deadline = time.monotonic() + 5
