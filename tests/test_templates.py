@@ -403,6 +403,10 @@ def _namespace_of(count: int) -> str:
     return _MB_STRING + "{% set n = namespace(" + ", ".join(f"a{i}=s" for i in range(count)) + ") %}"
 
 
+def _namespace_set_one_by_one(count: int) -> str:
+    return _MB_STRING + "{% set n = namespace() %}" + "".join(f"{{% set n.a{i} = s %}}" for i in range(count))
+
+
 def _dict_of(count: int) -> str:
     return _MB_STRING + "{% set d = {" + ", ".join(f"'a{i}': s" for i in range(count)) + "} %}"
 
@@ -441,6 +445,16 @@ C_SIDE_ATTACKS = {
     "many_kept_wide_values": "{% set s = '\U0001f600' * 1000000 %}" + "".join(f"{{% set a{i} = s ~ {i} %}}" for i in range(300)),
     "many_kept_slices": _MB_STRING + "".join(f"{{% set a{i} = s[{i}:] %}}" for i in range(300)),
     "urlize_target": "{{ ('a.com ' * 100000) | urlize(target='x' * 1000000) }}",
+    # A namespace filled one attribute at a time, then stringified by a test, a filter, `~`.
+    "namespace_set_one_by_one": _namespace_set_one_by_one(1000) + "{{ n }}",
+    "namespace_is_lower": _namespace_set_one_by_one(1000) + "{{ n is lower }}",
+    "namespace_escape_filter": _namespace_set_one_by_one(1000) + "{{ n | e | length }}",
+    "namespace_concat": _namespace_set_one_by_one(1000) + "{{ (n ~ '') | length }}",
+    # Lists of a million small items, from C (split, list) or from a generator (batch).
+    "split_into_empty_strings": _MB_STRING + "{{ s.split('x') | length }}",
+    "list_of_characters": _MB_STRING + "{{ s | list | length }}",
+    "generator_into_a_list": _MB_STRING + "{{ s | batch(1) | list | length }}",
+    "generator_into_sort": _MB_STRING + "{{ s | batch(1) | sort | length }}",
     "integer_squaring": "{% set ns = namespace(x=2 ** 2000) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
 }
 

@@ -143,11 +143,13 @@ def _text_size(value: Any, limit: int | None = None) -> tuple[int, int]:
             total += item.bit_length() * 10 // 33 + 2  # decimal digits: log10(2) ~ 0.30
         elif isinstance(item, (list, tuple, set, frozenset, KeysView, ValuesView)):
             total += 16 + _ITEM_CHARS * len(item)
-            stack.extend((x, depth + 1) for x in item)
+            if total <= limit:  # else done: the stack never holds more than limit / _ITEM_CHARS items
+                stack.extend((x, depth + 1) for x in item)
         elif isinstance(item, (Mapping, ItemsView)):
             pairs = item.items() if isinstance(item, Mapping) else item
             total += 16 + 2 * _ITEM_CHARS * len(pairs)
-            stack.extend((x, depth + 1) for pair in pairs for x in pair)
+            if total <= limit:
+                stack.extend((x, depth + 1) for pair in pairs for x in pair)
         else:
             total += 24  # floats, undefined values, ranges, generators, jinja2 helpers: short reprs
     return total, deepest
@@ -217,19 +219,38 @@ def _check_replace(text: Any, old: Any, new: Any, what: str) -> None:
         _check_estimate(len(text) + occurrences * len(new), what)
 
 
-def _as_list(value: Any) -> Any:
-    """The items str.join or the join filter would iterate (a string's characters, a dict's keys), as a
-    list that can be measured first; other values unchanged."""
-    if isinstance(value, (list, tuple)) or not hasattr(value, "__iter__"):
+def _bounded_list(items: Any, what: str) -> list:
+    """list(items) for an iterator (a generator from map, batch, select...), refused as soon as the
+    items' text passes the limit: list() would build all of them first."""
+    collected, size, limit = [], 16, _size_limit()
+    for item in items:
+        size += _ITEM_CHARS + _text_size(item, limit)[0]
+        if size > limit:
+            raise _LimitExceeded(f"{what}: its input would be more than {limit:,} characters")
+        collected.append(item)
+    return collected
+
+
+def _is_iterator(value: Any) -> bool:
+    """An iterable with no size (a generator, map, an iterator), whose items only exist once pulled."""
+    sized = (str, bytes, bytearray, list, tuple, set, frozenset, Mapping, KeysView, ValuesView, ItemsView, range)
+    return not isinstance(value, sized) and hasattr(value, "__iter__")
+
+
+def _as_list(value: Any, what: str) -> Any:
+    """What str.join or the join filter would iterate, in a form that can be measured first: an
+    iterator's items (pulled within the limit), a dict's keys; strings and sequences unchanged."""
+    if isinstance(value, (str, bytes, bytearray, list, tuple)) or not hasattr(value, "__iter__"):
         return value
-    return list(value)
+    return _bounded_list(value, what) if _is_iterator(value) else list(value)
 
 
 def _check_join(items: Any, separator: Any, what: str) -> None:
-    if not isinstance(items, (list, tuple)):
-        return
     separator_size = len(separator) if isinstance(separator, (str, bytes, bytearray)) else 24
-    _check_estimate(_text_size(items)[0] + len(items) * separator_size, what)
+    if isinstance(items, (str, bytes, bytearray)):  # joins the characters
+        _check_estimate(len(items) * (1 + separator_size), what)
+    elif isinstance(items, (list, tuple)):
+        _check_estimate(_text_size(items)[0] + len(items) * separator_size, what)
 
 
 def _checked_repeat(left: Any, right: Any) -> Any:
@@ -271,6 +292,14 @@ _NON_STRINGIFYING_FILTERS = frozenset(
     "random reject rejectattr reverse round select selectattr slice sort sum unique".split()
     + "join replace format indent wordwrap tojson pprint urlize".split()
 )
+
+
+# Filters that pull every item of an iterator into a list (or a sum) in C: their input is pulled here
+# first, item by item within the limit.
+_ITERATOR_CONSUMING_FILTERS = frozenset("list sort unique reverse sum min max groupby dictsort join".split())
+
+# Jinja tests that call str() on their value.
+_STRINGIFYING_TESTS = frozenset({"lower", "upper"})
 
 
 def _check_filter_inputs(name: str, value: Any, options: tuple, kwargs: dict) -> None:
@@ -427,7 +456,9 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         for value in (*args, *kwargs.values()):
             _check_number_argument(value, "a call")
         if getattr(obj, "__name__", "") == "join" and args:
-            args = (_as_list(args[0]), *args[1:])  # count a generator's items, a string's characters
+            args = (_as_list(args[0], "join"), *args[1:])  # a generator's items counted first
+        elif obj in (dict, jinja2.utils.Namespace) and args and _is_iterator(args[0]):
+            args = (_bounded_list(args[0], "dict()"), *args[1:])  # pairs from a generator, counted
         _check_str_method(obj, args)
         return _charge_value(super().call(context, obj, *args, **kwargs), "a call's result")
 
@@ -442,8 +473,8 @@ def _size_checked_filter(name: str, function: Callable) -> Callable:
 
     def checked(*args, **kwargs):
         value, options = (args[value_index], args[value_index + 1 :]) if len(args) > value_index else (None, ())
-        if name == "join":
-            value = _as_list(value)  # a generator (e.g. from map) must be counted before it is joined
+        if name == "join" or (name in _ITERATOR_CONSUMING_FILTERS and _is_iterator(value)):
+            value = _as_list(value, f"filter '{name}'")  # a generator (e.g. from map) counted before use
             args = (*args[:value_index], value, *options)
         for number in (*options, *kwargs.values()):
             _check_number_argument(number, f"filter '{name}'")
@@ -454,6 +485,18 @@ def _size_checked_filter(name: str, function: Callable) -> Callable:
     checked.__doc__ = function.__doc__
     if hasattr(function, "jinja_pass_arg"):
         checked.jinja_pass_arg = function.jinja_pass_arg  # type: ignore[attr-defined]
+    return checked
+
+
+def _text_checked_test(name: str, function: Callable) -> Callable:
+    """Wrap a jinja test that calls str() on its value (`is lower`): the value is measured first."""
+
+    def checked(value, *args, **kwargs):
+        if not isinstance(value, str):
+            _check_value(value, f"test '{name}'")
+        return function(value, *args, **kwargs)
+
+    checked.__name__ = getattr(function, "__name__", name)
     return checked
 
 
@@ -491,6 +534,7 @@ def _make_environment() -> _Sandbox:
     )
     env.filters["tojson"] = _tojson
     env.filters = {name: _size_checked_filter(name, f) for name, f in env.filters.items()}
+    env.tests.update({name: _text_checked_test(name, env.tests[name]) for name in _STRINGIFYING_TESTS})
     del env.globals["lipsum"]  # lorem ipsum of n paragraphs: no template needs it, a hostile one could
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
