@@ -498,7 +498,7 @@ def test_the_render_generator_is_closed_after_the_deadline_tracer_is_removed():
             finally:
                 tracer_at_close.append(sys.gettrace())
 
-    with pytest.raises(sandbox._LimitExceeded, match="output exceeds"):
+    with pytest.raises(sandbox.LimitExceeded, match="output exceeds"):
         sandbox._render_bounded(Template(), {}, limit=10_000)
     assert tracer_at_close == [None]
 
