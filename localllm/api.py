@@ -70,10 +70,14 @@ def _kv_bytes_per_token(reader) -> int:
     return KVCache.bytes_needed(hp, 1)
 
 
-def estimate_memory(path, n_ctx: Optional[int] = None) -> MemoryEstimate:
-    """Weights + KV cache at n_ctx (default: the context `load` would choose). Reads only metadata."""
+def estimate_memory(path, n_ctx: Optional[int] = None, check: bool = False) -> MemoryEstimate:
+    """Weights + KV cache at n_ctx (default: the context `load` would choose). Reads only metadata.
+    With `check`, raises what `load` would for that context first (too small, KVCacheTooLarge)."""
     with GGUFReader(path) as reader:
-        return _estimate(reader, n_ctx)
+        memory = _estimate(reader, n_ctx)
+    if check:
+        check_fits(memory)
+    return memory
 
 
 def trained_context(reader) -> int:
@@ -94,6 +98,18 @@ def _estimate(reader, n_ctx: Optional[int]) -> MemoryEstimate:
     return MemoryEstimate(weights, per_token * n_ctx, n_ctx)
 
 
+def check_fits(memory: MemoryEstimate, available: Optional[int] = None) -> None:
+    """LocalLLMError for a context under 16 tokens; KVCacheTooLarge when memory.kv_bytes plus the weights
+    exceed `available` (default: the memory available now), with the context that would fit."""
+    if memory.n_ctx < 16:
+        raise LocalLLMError(f"context size {memory.n_ctx} is too small (minimum 16)")
+    available = available_memory() if available is None else available
+    if memory.kv_bytes + memory.weights_bytes > available:
+        per_token = max(memory.kv_bytes // max(memory.n_ctx, 1), 1)
+        fitting = max(available - memory.weights_bytes, 0) // per_token
+        raise KVCacheTooLarge(memory.n_ctx, memory.kv_bytes + memory.weights_bytes, available, int(fitting))
+
+
 def check_context(reader, memory: MemoryEstimate, available: Optional[int] = None) -> None:
     """Before any cache is allocated: raise KVCacheTooLarge when the KV cache for memory.n_ctx plus the
     weights exceed the memory available now; log a one-line warning when the context is longer than the
@@ -103,13 +119,7 @@ def check_context(reader, memory: MemoryEstimate, available: Optional[int] = Non
     pushes them out of the page cache makes every step read the file again. (A cache that does not fit is
     not refused by NumPy itself until it is far beyond the memory: zero pages are allocated lazily, and the
     machine would run out of memory later, while filling the cache.)"""
-    if memory.n_ctx < 16:
-        raise LocalLLMError(f"context size {memory.n_ctx} is too small (minimum 16)")
-    available = available_memory() if available is None else available
-    if memory.kv_bytes + memory.weights_bytes > available:
-        per_token = max(memory.kv_bytes // max(memory.n_ctx, 1), 1)
-        fitting = max(available - memory.weights_bytes, 0) // per_token
-        raise KVCacheTooLarge(memory.n_ctx, memory.kv_bytes + memory.weights_bytes, available, int(fitting))
+    check_fits(memory, available)
     trained = trained_context(reader)
     if memory.n_ctx > trained:
         log.warning("warning: a context of %d tokens is longer than the %d this model was trained on; "

@@ -251,3 +251,11 @@ def test_the_server_chat_endpoint_uses_the_transcript_with_its_stop_and_penalty(
 
         assert ask() == (library, "stop") and "User:" not in library
         assert ask(repeat_penalty=1.0) == (plain, "stop")  # a penalty the request sets is kept
+
+
+def test_chat_with_a_huge_context_is_one_error_line_before_anything_else():
+    done = subprocess.run([sys.executable, "-m", "localllm.cli.app", "chat", "--ctx", "100000000"],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert done.returncode == 1 and done.stdout == ""
+    assert re.fullmatch(r"error: a context of 100000000 tokens needs [\d.]+ GiB of memory .* [\d.]+ GiB is available: .*\n",
+                        done.stderr), done.stderr

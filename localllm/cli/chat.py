@@ -110,7 +110,7 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
 
     with ui.pull_progress() as progress:
         path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
-    memory = estimate_memory(path, ctx)
+    memory = estimate_memory(path, ctx, check=True)  # a context that cannot fit: one error line, nothing else
     ui.err_console.print(
         f"[dim]{Path(path).name}: {ui.human_bytes(memory.weights_bytes)} of weights (mapped) + "
         f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]", soft_wrap=True
