@@ -259,3 +259,15 @@ def test_chat_with_a_huge_context_is_one_error_line_before_anything_else():
     assert done.returncode == 1 and done.stdout == ""
     assert re.fullmatch(r"error: a context of 100000000 tokens needs [\d.]+ GiB of memory .* [\d.]+ GiB is available: .*\n",
                         done.stderr), done.stderr
+
+
+def test_serve_leaves_the_default_context_to_the_library(monkeypatch):
+    import localllm.server
+
+    seen = []
+    monkeypatch.delenv("LOCALLLM_CTX", raising=False)
+    monkeypatch.setattr(localllm.server, "serve", lambda model, options, **kw: seen.append(options.ctx))
+    assert main(["serve", "--port", "0"]) == 0
+    assert main(["serve", "--port", "0", "--ctx", "1024"]) == 0
+    # None: localllm.load picks default_context, as for chat and run (4096 for the shipped Gemma, trained on 32768)
+    assert seen == [None, 1024]

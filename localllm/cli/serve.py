@@ -16,7 +16,7 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback unless you say otherwise)."),
     port: int = typer.Option(8080, "--port", "-p", min=0, max=65535),
     parallel: int = typer.Option(4, "--parallel", min=1, help="Sequences decoded together in each step."),
-    ctx: int = typer.Option(4096, "--ctx", "-c", min=16, envvar="LOCALLLM_CTX", help="Context size of each request."),
+    ctx: Optional[int] = opt.Ctx,  # default: localllm.api.default_context (4096, or the trained length if shorter)
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="LOCALLLM_API_KEY",
                                           help="Require 'Authorization: Bearer KEY'."),
     cache_mb: float = typer.Option(512, "--cache-mb", min=1, help="Memory for the paged KV cache (MiB)."),
