@@ -484,6 +484,35 @@ def test_a_timed_out_render_prints_nothing_on_stderr():
     assert stderr == ""
 
 
+_DEADLINE_AT_EVERY_POINT = """
+import sys, types
+from localllm.chat import sandbox
+from localllm.chat.templates import ChatTemplate
+from localllm.errors import TemplateError
+
+# The clock is read at every trace event, and passes the deadline after `cutoff` reads: for each cutoff
+# in turn, so that the deadline falls at every point of a render, the output limit's failure included.
+sandbox._TRACE_CHECK_EVERY = 1
+template = ChatTemplate("{% for i in range(3) %}{{ 'x' * 600000 }}{% endfor %}", "gguf")
+for cutoff in range(1, 400):
+    reads = iter(range(10**9))
+    sandbox.time = types.SimpleNamespace(monotonic=lambda: 0.0 if next(reads) < cutoff else 1e9)
+    try:
+        template.apply([{"role": "user", "content": "hi"}])
+    except TemplateError as exc:
+        print(str(exc).split(": ")[-1].split()[0])  # 'rendering' or 'the' (output) or 'a'
+"""
+
+
+def test_a_render_stopped_at_any_point_prints_nothing_on_stderr():
+    # Issue 25: "Exception ignored in: <generator object Template.generate ...>" reached stderr when the
+    # output limit stopped a render while the deadline tracer, its deadline passed, was still installed.
+    done = subprocess.run([sys.executable, "-c", _DEADLINE_AT_EVERY_POINT], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(done.stdout.splitlines()) == 399  # every render failed, with a TemplateError
+    assert done.stderr == ""
+
+
 def test_the_render_generator_is_closed_after_the_deadline_tracer_is_removed():
     # A render that fails leaves jinja2's generator suspended; closing it runs the template's cleanup
     # code, which under the deadline tracer (past its deadline) raised again: "Exception ignored in:
