@@ -310,6 +310,15 @@ def test_a_hub_sha256_that_is_not_64_hex_digits_is_refused_before_any_use(fake_h
     assert not models.exists() or (visible_files(models) == [] and part_files(models) == [])
 
 
+@pytest.mark.parametrize("filename", ["evil\x1b[31m-Q4_K_M.gguf", "a\rb-Q4_K_M.gguf", "sub/\u202eQ4_K_M.gguf"])
+def test_a_hub_file_name_that_cannot_be_printed_or_named_is_refused(fake_hub, tmp_path, filename):
+    fake_hub.add_file(REPO, filename, payload(1000))
+    with pytest.raises(pull_module.PullError, match="cannot be a local file name") as info:
+        pull(HubRef(REPO, filename=filename), directory=tmp_path / "models")
+    assert info.value.args[0].isprintable()
+    assert fake_hub.bytes_served == 0 and not (tmp_path / "models").exists()
+
+
 def test_an_upper_case_hub_sha256_is_accepted(fake_hub, tmp_path):
     data = payload(1000)
     fake_hub.add_file(REPO, "Tiny-Q4_K_M.gguf", data, sha256=sha(data).upper())
