@@ -60,7 +60,7 @@ except ImportError:  # pragma: no cover - Windows: no locking
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PARTIAL_DIR = ".partial"  # hidden: never listed as a model
 _SHA256_HEX = re.compile(r"[0-9a-fA-F]{64}")  # an LFS object id: it names the staging file
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")  # the Hub's rule, roughly
+_REPO_ID = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")  # the Hub's rule, roughly
 
 
 class PullError(LocalLLMError):
@@ -104,10 +104,10 @@ def remote_file(ref: HubRef, *, endpoint: str, token: str | None = None) -> Remo
 
 def _checked_names(repo_id: object, path: str) -> str:
     """The Hub's repository id, if it and the file's name can become a local file name and be printed:
-    `user/name` of letters, digits and . _ -, and a printable base name that is not empty or dots only.
+    [user/]name of letters, digits and . _ -, and a printable base name that is not empty or dots only.
     Else a PullError (a hostile endpoint could answer "../x" or terminal escapes)."""
     if not isinstance(repo_id, str) or not _REPO_ID.fullmatch(repo_id):
-        raise PullError(f"the Hub answered with the repository id {repo_id!r:.80}, which is not user/name; not pulling")
+        raise PullError(f"the Hub answered with the repository id {repo_id!r:.80}, which is not [user/]name; not pulling")
     if not path.isprintable() or not Path(path).name.lstrip("."):
         raise PullError(f"{repo_id} has a file named {path!r:.120}, which cannot be a local file name; not pulling it")
     return repo_id
