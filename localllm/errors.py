@@ -3,6 +3,9 @@
 Each maps to one line on stderr and exit code 1 in the CLI (see localllm/cli/errors.py).
 """
 
+import errno
+import re
+
 
 def one_line(text: str) -> str:
     """`text` with control characters (newlines, terminal escapes) written as escapes: a message that
@@ -74,7 +77,54 @@ class NetworkError(LocalLLMError):
 
 
 class InsufficientDiskSpace(LocalLLMError):
-    """Not enough free space on disk for what is about to be written."""
+    """Not enough free space on disk for what is about to be written (or was being written)."""
+
+
+# -- the one wording of file-system failures (used by the CLI's error mapping and by the GGUF writer) --------
+
+_OS_REASONS = {
+    errno.ENOENT: "no such file",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EISDIR: "a directory, not a file",
+    errno.ENOTDIR: "not a directory",
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EEXIST: "already exists",
+    errno.ENAMETOOLONG: "name too long",
+    errno.EIO: "input/output error (a failing disk?)",
+}
+NO_SUCH_DIRECTORY = "No such directory"  # strerror of missing_directory(): ENOENT said of a directory
+
+
+def missing_directory(path) -> FileNotFoundError:
+    """The error for an output whose directory does not exist (outputs never create directories)."""
+    return FileNotFoundError(errno.ENOENT, NO_SUCH_DIRECTORY, str(path))
+
+
+# The writers' temporary names: .NAME.PID.HEX8.partial (gguf/writer.py), .NAME.PID.HEX8.f32.partial
+# (quantize of a Hugging Face directory); messages name NAME, the file the user asked for.
+_TEMP_NAME = re.compile(r"(^|/)\.([^/]+)\.\d+\.[0-9a-f]{8}(?:\.f32)?\.partial$")
+
+
+def user_path(path) -> str:
+    """`path` as the user knows it: a writer's temporary name becomes the name of the file it stands for."""
+    return _TEMP_NAME.sub(r"\1\2", str(path))
+
+
+def os_error_message(exc: OSError, path=None) -> str:
+    """'REASON: PATH' for a file-system failure, in words (no errno number, no temporary name), worded as
+    model resolution words a missing model ("no such file: PATH"). `path` overrides the file the exception
+    names."""
+    if exc.strerror == NO_SUCH_DIRECTORY:
+        reason = "no such directory"
+    else:
+        reason = _OS_REASONS.get(exc.errno) or (exc.strerror or str(exc) or type(exc).__name__).lower()
+    where = path if path is not None else exc.filename
+    if where is None:
+        return one_line(reason if exc.errno is not None else str(exc) or reason)
+    return one_line(f"{reason}: {user_path(where)}")
 
 
 class UnsupportedModelFile(LocalLLMError):

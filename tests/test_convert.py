@@ -517,3 +517,30 @@ def test_quantize_straight_from_a_checkpoint_directory(tmp_path, capsys):
         assert r.tensors["blk.0.attn_norm.weight"].ggml_type.name == "F32"
     tokens = tok.encode(SAMPLE).ids[:12]
     assert_close(engine_logits(out, tokens), hf_forward(cfg, "llama", weights, tokens), 0.3)
+
+
+def test_cli_convert_refuses_to_overwrite_without_force(tmp_path, capsys):
+    """convert used to replace an existing OUTPUT silently; now, as quantize, only with --force."""
+    from localllm.cli.app import main
+
+    root, *_ = write_checkpoint(tmp_path / "q", "qwen3")
+    out = tmp_path / "q.gguf"
+    out.write_bytes(b"keep me")
+    assert main(["convert", str(root), str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--force" in err and len(err.strip().splitlines()) == 1
+    assert out.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q", "q.gguf"]  # no partial file either
+    assert main(["convert", str(root), str(out), "--force"]) == 0
+    with GGUFReader(out) as r:
+        assert r.architecture == "qwen3"
+
+
+def test_cli_convert_into_a_missing_directory_is_an_error(tmp_path, capsys):
+    from localllm.cli.app import main
+
+    root, *_ = write_checkpoint(tmp_path / "q", "qwen3")
+    assert main(["convert", str(root), str(tmp_path / "no" / "such" / "q.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: no such directory: {tmp_path / 'no' / 'such'}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q"]  # no directory created

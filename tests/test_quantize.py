@@ -7,6 +7,7 @@ the rule. The real Gemma Q4_K_M file is an independent oracle: llama-quantize ch
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -268,3 +269,92 @@ def test_interrupted_run_leaves_nothing(tmp_path, gemma_f32, sig, code):
     assert proc.returncode == code
     assert err.strip().splitlines()[-1] == f"interrupted: nothing written to {out}"
     assert list(tmp_path.iterdir()) == []
+
+
+# -- file-system failures: one wording, nothing left behind (issue 25 point 6, issue 26 point 5) ----------
+
+
+class _FullDisk:
+    """A file object whose writes fail with ENOSPC once `room` bytes have gone through."""
+
+    def __init__(self, real, room: int):
+        self._real, self._room = real, room
+
+    def write(self, data) -> int:
+        size = memoryview(data).nbytes
+        if size > self._room:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self._room -= size
+        return self._real.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _disk_fills_after(monkeypatch, room: int) -> None:
+    from localllm.gguf import writer
+
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(writer.os, "fdopen", lambda fd, mode: _FullDisk(real_fdopen(fd, mode), room))
+
+
+@pytest.mark.parametrize("room", [0, 100_000])  # while writing the header / in the middle of the tensors
+def test_a_full_disk_is_one_line_and_leaves_nothing(monkeypatch, capsys, tmp_path, tiny_f32, room):
+    _disk_fills_after(monkeypatch, room)
+    out = tmp_path / "x.gguf"
+    planned = dry_run(tiny_f32, "Q8_0").output_size
+    code, _, err = run_cli(capsys, "quantize", tiny_f32, out, "--type", "Q8_0")
+    assert code == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"error: the disk is full: {out} (the file needs {planned:,} bytes, "), err
+    assert "nothing was written" in err and "partial" not in err and "Errno" not in err and "unexpected" not in err
+    assert list(tmp_path.iterdir()) == []  # no output, no partial file
+
+
+def test_the_library_raises_insufficient_disk_space(monkeypatch, tmp_path, tiny_f32):
+    from localllm.errors import InsufficientDiskSpace
+
+    _disk_fills_after(monkeypatch, 50_000)
+    with pytest.raises(InsufficientDiskSpace, match="the disk is full"):
+        quantize_file(tiny_f32, tmp_path / "x.gguf", "Q4_0")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_output_names_the_output_not_the_temporary_file(monkeypatch, capsys, tmp_path, tiny_f32):
+    from localllm.gguf import writer
+
+    real_open = os.open
+
+    def refuse_partials(path, *args, **kwargs):
+        if str(path).endswith(".partial"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(writer.os, "open", refuse_partials)
+    code, _, err = run_cli(capsys, "quantize", tiny_f32, tmp_path / "x.gguf", "--int8")
+    assert (code, err) == (1, f"error: permission denied: {tmp_path / 'x.gguf'}\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_quantize_into_a_missing_directory_is_an_error(capsys, tmp_path, tiny_f32):
+    """As llama-quantize: the tree is not created (it used to be, silently)."""
+    code, _, err = run_cli(capsys, "quantize", tiny_f32, tmp_path / "no" / "such" / "x.gguf", "--int8")
+    assert (code, err) == (1, f"error: no such directory: {tmp_path / 'no' / 'such'}\n")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "file").write_bytes(b"")
+    code, _, err = run_cli(capsys, "quantize", tiny_f32, tmp_path / "file" / "x.gguf", "--int8")
+    assert (code, err) == (1, f"error: not a directory: {tmp_path / 'file'}\n")
+
+
+def test_missing_and_unreadable_inputs_read_the_same_in_every_command(capsys, tmp_path, tiny_f32):
+    missing = tmp_path / "missing.txt"
+    for args in (
+        ["tokenize", tiny_f32, "--file", missing],
+        ["perplexity", tiny_f32, "--file", missing],
+        ["quantize", tmp_path / "missing.gguf", tmp_path / "x.gguf", "--int8"],
+    ):
+        code, _, err = run_cli(capsys, *args)
+        assert code == 1 and err.startswith("error: no such file: ") and str(args[-1] if args[0] != "quantize" else args[1]) in err, err
+        assert len(err.strip().splitlines()) == 1
+    for command in ("tokenize", "perplexity"):
+        code, _, err = run_cli(capsys, command, tiny_f32, "--file", tmp_path)
+        assert (code, err) == (1, f"error: a directory, not a file: {tmp_path}\n")

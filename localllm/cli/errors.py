@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from ..errors import LocalLLMError
+from ..errors import LocalLLMError, os_error_message
 
 USER_ERRORS: tuple[type[BaseException], ...] = (LocalLLMError, FileNotFoundError, PermissionError, IsADirectoryError)
 
@@ -19,6 +19,11 @@ def report(exc: BaseException, debug: bool) -> int:
 
     # One line that cannot drive the terminal: messages may quote a file's or the network's text.
     message = terminal_safe(str(exc) or type(exc).__name__)
+    if isinstance(exc, OSError) and (exc.errno is not None or isinstance(exc, USER_ERRORS)):
+        # Missing files, unwritable outputs, full disks: one wording for every command (localllm/errors.py
+        # os_error_message), naming the user's path, never an errno number or a writer's temporary name.
+        print(f"error: {terminal_safe(os_error_message(exc))}", file=sys.stderr)
+        return 1
     if isinstance(exc, USER_ERRORS):
         print(f"error: {message}", file=sys.stderr)
         return 1

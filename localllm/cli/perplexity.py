@@ -38,6 +38,8 @@ def perplexity(
             task = bar.add_task("windows", total=total)
         bar.update(task, completed=done)
 
+    with open(file, "rb"):  # a missing or unreadable file: an OSError, worded by cli/errors.py as everywhere
+        pass
     with bar:
         result = perplexity_of_file(model, file, ctx, base_name=kl_base, threads=threads, progress=progress)
     if json_out:

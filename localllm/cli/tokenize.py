@@ -42,7 +42,7 @@ def tokenize(
             sys.stdout.write(json.dumps(tok.encode(value, add_bos=add_bos, parse_special=special)) + "\n")
         return
     if file is not None:
-        text = file.read_text(encoding="utf-8")
+        text = _read_text(file)
     if text is None:
         raise typer.BadParameter("give TEXT, --file, or --jsonl")
     ids = tok.encode(text, add_bos=add_bos, parse_special=special)
@@ -52,3 +52,13 @@ def tokenize(
     for token_id in ids:
         piece = tok.token_to_piece(token_id).decode("utf-8", errors="backslashreplace")
         ui.console.print(f"{token_id:>8} {piece!r}", markup=False)
+
+
+def _read_text(path: Path) -> str:
+    """The file's text; a missing or unreadable file is an OSError, worded by cli/errors.py as everywhere."""
+    from ..errors import LocalLLMError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise LocalLLMError(f"{path}: not UTF-8 text (byte {exc.start})") from None

@@ -19,6 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..gguf import GGUFWriter
+from ..gguf.writer import require_directory
 from ..gguf.constants import ValueType
 from .checkpoint import Checkpoint
 from .errors import ConversionError
@@ -31,12 +32,15 @@ QUANTIZATION_VERSION = 2
 Progress = Callable[[str, int, int], None]  # (GGUF tensor name, index, count)
 
 
-def convert_checkpoint(model_dir, output_path, out_type: str = "F32", progress: Optional[Progress] = None) -> Path:
+def convert_checkpoint(model_dir, output_path, out_type: str = "F32", progress: Optional[Progress] = None,
+                       force: bool = False) -> Path:
     """Convert a Hugging Face model directory (config.json, *.safetensors, tokenizer files) to a GGUF
-    file at `output_path` (written under a temporary name, renamed when complete). Returns the path."""
+    file at `output_path` (written under a temporary name, renamed when complete). Returns the path.
+    An existing `output_path` is replaced only with `force` (as quantize)."""
     out_type = out_type.upper()
     if out_type not in OUT_TYPES:
         raise ConversionError(f"output type {out_type!r} is not supported (choose from {', '.join(OUT_TYPES)})")
+    _check_output(Path(output_path), force)
     ckpt = Checkpoint(Path(model_dir))
     family = family_for(ckpt.config)
     vocab = vocab_metadata(ckpt.dir, family, family.config.get("vocab_size"))
@@ -54,6 +58,16 @@ def convert_checkpoint(model_dir, output_path, out_type: str = "F32", progress: 
                 progress(entry.name, index, len(plan))
             out.write_tensor(entry.name, _stored(entry.read(), entry.ggml_type))
     return output_path
+
+
+def _check_output(output_path: Path, force: bool) -> None:
+    """Refused before anything is read: a directory, an existing file without `force`, or a file in a
+    directory that does not exist (not created)."""
+    if output_path.is_dir():
+        raise ConversionError(f"{output_path} is a directory; give the output file's name")
+    if output_path.exists() and not force:
+        raise ConversionError(f"{output_path} already exists (use --force to overwrite it)")
+    require_directory(output_path.parent)
 
 
 def _write_metadata(writer: GGUFWriter, ckpt: Checkpoint, family: Family, vocab, out_type: str) -> None:

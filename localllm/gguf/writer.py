@@ -12,7 +12,9 @@ Two ways to supply tensor data:
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import struct
 import uuid
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..errors import LocalLLMError
+from ..errors import InsufficientDiskSpace, LocalLLMError, missing_directory, os_error_message
 from .constants import DEFAULT_ALIGNMENT, GGML_TYPES, GGML_TYPES_BY_NAME, GGUF_MAGIC, MAX_DIMS, SCALAR_DTYPES, WRITE_VERSION, ValueType
 
 # numpy dtype -> the ggml type a plain array is stored as.
@@ -206,15 +208,18 @@ class TensorStream:
 
     def __enter__(self) -> "TensorStream":
         path = self._writer.path
-        path.parent.mkdir(parents=True, exist_ok=True)
         header, self._placed = self._writer._layout()
+        require_directory(path.parent)  # never a silently created tree (llama-quantize refuses too)
         # Not tempfile.mkstemp: its 0600 mode would make the model unreadable to other users and tools;
         # os.open with 0666 lets the user's umask decide, as for any file they create.
         self.tmp_path = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial"
-        fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            fd = os.open(self.tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise self._failure(exc) from None
         self._fh = os.fdopen(fd, "wb")
         try:
-            self._fh.write(header)
+            self._write(header)
         except BaseException:
             self._discard()
             raise
@@ -231,8 +236,8 @@ class TensorStream:
         raw = data.reshape(-1).view(np.uint8)
         if raw.nbytes != nbytes:
             raise GGUFWriteError(f"tensor '{name}': {raw.nbytes} bytes given, its declared type and shape need {nbytes}")
-        self._fh.write(bytes(offset - self._written))
-        self._fh.write(memoryview(raw))
+        self._write(bytes(offset - self._written))
+        self._write(memoryview(raw))
         self._written = offset + nbytes
         self._next += 1
 
@@ -244,23 +249,61 @@ class TensorStream:
             if self._next != len(self._names):
                 raise GGUFWriteError(f"tensor '{self._names[self._next]}' was never written")
             # Pad the file to the alignment, as gguf-py does, so the last tensor ends on a boundary too.
-            self._fh.write(bytes(_align(self._written, self._writer.alignment) - self._written))
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            os.replace(self.tmp_path, self._writer.path)
+            self._write(bytes(_align(self._written, self._writer.alignment) - self._written))
+            try:
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+                os.replace(self.tmp_path, self._writer.path)
+            except OSError as exc:
+                raise self._failure(exc) from None
         except BaseException:
             self._discard()
             raise
 
-    def _discard(self) -> None:
+    def _write(self, data) -> None:
         try:
-            self._fh.close()
+            self._fh.write(data)
+        except OSError as exc:
+            raise self._failure(exc) from None
+
+    def _failure(self, exc: OSError) -> Exception:
+        """The error to raise for a failed write, naming the final path (never the temporary one). A full
+        disk is InsufficientDiskSpace with the bytes the file needs and those free once the partial file is
+        removed; the partial file is removed here, before measuring."""
+        path = self._writer.path
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            return type(exc)(exc.errno, exc.strerror, str(path))
+        self._discard()
+        needed = self._writer.file_size()
+        try:
+            free = f", {shutil.disk_usage(path.parent).free:,} are free"
+        except OSError:
+            free = ""
+        return InsufficientDiskSpace(
+            f"{os_error_message(exc, path)} (the file needs {needed:,} bytes{free}); nothing was written"
+        )
+
+    def _discard(self) -> None:
+        """Close and remove the temporary file (safe to call twice)."""
+        try:
+            if self._fh is not None:
+                self._fh.close()
+        except OSError:
+            pass  # a close that fails to flush on a full disk: the file is removed anyway
         finally:
             try:
                 os.unlink(self.tmp_path)
             except FileNotFoundError:
                 pass
+
+
+def require_directory(directory: Path) -> None:
+    """The output's directory must exist (as a directory): writing into a mistyped path is an error."""
+    if not directory.is_dir():
+        if directory.exists():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
+        raise missing_directory(directory)
 
 
 def _nbytes(ggml_type: str, shape: tuple[int, ...]) -> int:

@@ -11,6 +11,7 @@ count is set for the run and restored afterwards.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 import uuid
@@ -22,7 +23,9 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 
 from .. import quant
+from ..errors import InsufficientDiskSpace
 from ..gguf import GGUFReader
+from ..gguf.writer import require_directory
 from .plan import QuantizePlan, TensorPlan, make_plan, resolve_file_type
 from .recipes import QuantizeError
 
@@ -41,12 +44,15 @@ class QuantizeResult:
 
 
 def check_output(input_path: Path, output_path: Path, force: bool) -> None:
+    """Refuse, before anything is read: an output that is the input, a directory, an existing file without
+    `force`, or one in a directory that does not exist (never created: as llama-quantize)."""
     if output_path.exists() and output_path.resolve() == input_path.resolve():
         raise QuantizeError(f"{output_path}: the output would overwrite the input")
     if output_path.is_dir():
         raise QuantizeError(f"{output_path} is a directory; give the output file's name")
     if output_path.exists() and not force:
         raise QuantizeError(f"{output_path} already exists (use --force to overwrite it)")
+    require_directory(output_path.parent)
 
 
 def quantize_file(
@@ -130,7 +136,7 @@ def _gguf_input(input_path: Path, output_path: Path) -> Iterator[Path]:
     """INPUT as a GGUF file: itself, or for a Hugging Face model directory a temporary F32 GGUF next to
     the output (written by localllm.convert.hf, removed afterwards)."""
     if not input_path.exists():
-        raise FileNotFoundError(f"{input_path}: no such file or directory")
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(input_path))
     if not input_path.is_dir():
         yield input_path
         return
@@ -138,7 +144,14 @@ def _gguf_input(input_path: Path, output_path: Path) -> Iterator[Path]:
 
     tmp = output_path.parent / f".{output_path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.f32.partial"
     try:
-        convert_checkpoint(input_path, tmp, out_type="F32")
+        try:
+            convert_checkpoint(input_path, tmp, out_type="F32")
+        except InsufficientDiskSpace as exc:  # name the output the user gave, not the temporary file
+            raise InsufficientDiskSpace(str(exc).replace(str(tmp), str(output_path))) from None
+        except OSError as exc:
+            if exc.filename is None or Path(exc.filename) != tmp:
+                raise
+            raise type(exc)(exc.errno, exc.strerror, str(output_path)) from None
         yield tmp
     finally:
         try:
