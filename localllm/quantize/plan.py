@@ -13,6 +13,8 @@ from typing import Optional
 from .. import quant
 from ..errors import UnsupportedArchitecture, UnsupportedQuantType
 from ..gguf import GGUFReader, GGUFWriter
+from ..gguf.metadata import REQUIRED
+from ..model.hparams import MAX_HEADS, MAX_LAYERS
 from ..gguf.constants import GGML_TYPES_BY_NAME, ValueType
 from ..model.archs import ARCHITECTURES
 from .recipes import FILE_TYPES, UNQUANTIZED, ModelShape, QuantizeError, TensorSpec, choose_types, fits
@@ -98,23 +100,21 @@ def resolve_tensor_type(name: Optional[str], option: str) -> Optional[str]:
 
 def model_shape(reader: GGUFReader) -> ModelShape:
     """The hyperparameters the recipes need; UnsupportedArchitecture for one localllm cannot run."""
-    arch = reader.get("general.architecture")
+    meta = reader.metadata
+    arch = meta.get_str("general.architecture", None)
     if arch not in ARCHITECTURES:
         raise UnsupportedArchitecture(
             f"{reader.path}: cannot quantize architecture {arch!r} (supported: {', '.join(sorted(ARCHITECTURES))})"
         )
-    n_layer = reader.arch_get("block_count")
-    if not isinstance(n_layer, int) or n_layer < 1:
-        raise QuantizeError(f"{reader.path}: {arch}.block_count is missing or invalid")
 
-    def first(value, default):
-        if isinstance(value, (list, tuple)):  # per-layer arrays in some models
-            value = max(value) if value else default
-        return int(value) if value is not None else default
+    def count(suffix: str, default, low: int = 1) -> int:
+        # Checked as at load (model/hparams.py); per-layer arrays in some models count by their largest entry.
+        return meta.get_int(f"{arch}.{suffix}", default, min=low, max=MAX_LAYERS if suffix == "block_count" else MAX_HEADS,
+                            per_layer=True)
 
-    n_head = first(reader.arch_get("attention.head_count"), 1)
-    n_head_kv = first(reader.arch_get("attention.head_count_kv"), n_head)
-    return ModelShape(arch, n_layer, n_head, n_head_kv, first(reader.arch_get("expert_count"), 0))
+    n_head = count("attention.head_count", 1)
+    return ModelShape(arch, count("block_count", REQUIRED), n_head, count("attention.head_count_kv", n_head),
+                      count("expert_count", 0, low=0))
 
 
 def make_plan(
