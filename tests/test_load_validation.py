@@ -136,3 +136,15 @@ def test_plain_mappings_are_checked_too():
     meta = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.scores": [0.0, "x"]}
     with pytest.raises(GGUFError, match="tokenizer.ggml.scores.*array of numbers"):
         Tokenizer.from_metadata(meta)
+
+
+@pytest.mark.parametrize("key, change", [
+    ("llama.attention.head_count", ("four", STR)),  # was: unexpected ValueError: invalid literal for int()
+    ("general.file_type", (np.array([1], np.int32), ValueType.ARRAY)),  # was: unexpected TypeError: unhashable
+])
+def test_show_names_the_bad_key_on_one_line(tmp_path, tiny_llama, capsys, key, change):
+    path = rewrite(tiny_llama, tmp_path / "bad.gguf", {key: change})
+    code = main(["show", path])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "unexpected" not in err
+    assert f"metadata key '{key}'" in err
