@@ -135,8 +135,8 @@ def _model_info(model) -> dict:
     from .gguf.constants import FILE_TYPES
 
     reader = model.reader
-    file_type = reader.get("general.file_type")
-    size_label = reader.get("general.size_label") or ""
+    file_type = reader.metadata.get_int("general.file_type", None)
+    size_label = reader.metadata.get_str("general.size_label", None) or ""
     return {
         "model_filename": str(model.path),
         "model_type": f"{reader.architecture} {size_label} {FILE_TYPES.get(file_type, '')}".replace("  ", " ").strip(),

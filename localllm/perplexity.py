@@ -238,6 +238,6 @@ def _check_trained_context(model_name, ctx: int) -> None:
     from .hub.resolve import resolve_model
 
     with GGUFReader(resolve_model(None if model_name is None else str(model_name))) as reader:
-        trained = reader.arch_get("context_length")
+        trained = reader.metadata.get_int(reader.arch_key("context_length"), None, min=1)  # GGUFError if not an integer
     if trained is not None and ctx > int(trained):
         raise PerplexityError(f"context size {ctx} exceeds the model's training context ({int(trained)} tokens)")

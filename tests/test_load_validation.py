@@ -148,3 +148,12 @@ def test_show_names_the_bad_key_on_one_line(tmp_path, tiny_llama, capsys, key, c
     err = capsys.readouterr().err
     assert code == 1 and len(err.strip().splitlines()) == 1 and "unexpected" not in err
     assert f"metadata key '{key}'" in err
+
+
+def test_perplexity_checks_the_trained_context_as_load_does(tmp_path, tiny_llama, capsys):
+    path = rewrite(tiny_llama, tmp_path / "bad.gguf", {"llama.context_length": ("long", STR)})
+    (tmp_path / "t.txt").write_text("some text to measure " * 20)
+    code = main(["perplexity", path, "--file", str(tmp_path / "t.txt"), "--ctx", "64"])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.strip().splitlines()) == 1 and "unexpected" not in err  # was: ValueError from int()
+    assert "metadata key 'llama.context_length': must be an integer" in err

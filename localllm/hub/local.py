@@ -76,8 +76,8 @@ def describe_local(path: Path, records: Optional[dict] = None) -> LocalModel:
     quant = arch = problem = None
     try:
         with GGUFReader(path) as reader:
-            arch = reader.get("general.architecture")
-            file_type = reader.get("general.file_type")
+            arch = reader.metadata.get_str("general.architecture", None)  # wrong types: GGUFError, listed as the problem
+            file_type = reader.metadata.get_int("general.file_type", None)
             if file_type is not None:
                 quant = FILE_TYPES.get(file_type, f"type {file_type}").removeprefix("MOSTLY_")
     except LocalLLMError as exc:
