@@ -32,7 +32,7 @@ def describe(value) -> str:
         return f"the string {text!r}"
     if isinstance(value, bool):
         return f"the boolean {value}"
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float, np.number)):
         return f"the {type(value).__name__} {value!r}"
     if isinstance(value, np.ndarray):
         return f"an array of {value.size} {value.dtype}"
@@ -43,7 +43,11 @@ def describe(value) -> str:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, (float, np.floating))
 
 
 class Metadata(dict):
@@ -86,6 +90,7 @@ class Metadata(dict):
             return int(value.max())
         if not _is_int(value):
             self.fail(key, f"must be an integer, found {describe(value)}")
+        value = int(value)
         self._check_range(key, value, min, max)
         return value
 
@@ -95,7 +100,7 @@ class Metadata(dict):
         present, value = self._lookup(key, default)
         if not present:
             return value
-        if not (_is_int(value) or isinstance(value, float)):
+        if not (_is_int(value) or _is_float(value)):
             self.fail(key, f"must be a number, found {describe(value)}")
         value = float(value)
         if not math.isfinite(value):
@@ -123,8 +128,8 @@ class Metadata(dict):
         present, value = self._lookup(key, default)
         if not present:
             return value
-        if isinstance(value, bool):
-            return value
+        if isinstance(value, (bool, np.bool_)):
+            return bool(value)
         if _is_int(value) and value in (0, 1):
             return bool(value)
         self.fail(key, f"must be a boolean, found {describe(value)}")
@@ -142,7 +147,7 @@ class Metadata(dict):
             if not isinstance(value, list) or (value and not isinstance(value[0], str)):
                 self.fail(key, f"must be an array of strings, found {describe(value)}")
         else:
-            if isinstance(value, (list, tuple)) and all(_is_int(v) or isinstance(v, float) for v in value):
+            if isinstance(value, (list, tuple)) and all(_is_int(v) or _is_float(v) for v in value):
                 value = np.array(value)  # a plain mapping's list of numbers (the reader gives arrays)
             kinds = "iu" if of == "int" else "iuf"
             if not isinstance(value, np.ndarray) or value.ndim != 1 or (value.size and value.dtype.kind not in kinds):
