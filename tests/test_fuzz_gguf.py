@@ -3,8 +3,8 @@ bytes flipped, cut or grown, or its metadata values replaced by values of other 
 `localllm.load` and, when it loads, one forward step. Every outcome is a loaded model that computes, or a
 typed LocalLLMError (GGUFError, TensorError, TokenizerError ...) whose message is one line.
 
-Derandomized and bounded (max_examples) so that CI runs the same cases every time, in a few seconds
-once the F32 kernels are compiled.
+Derandomized and bounded (max_examples) so that CI runs the same cases every time: measured 3.4 s for
+the three tests with the kernels cached, 7.6 s from empty Numba and kernel caches (2-core machine).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from localllm.gguf import GGUFReader, GGUFWriter, ValueType
 
 N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF, N_LAYER = 32, 2, 1, 16, 64, 1
 FUZZ = settings(
-    max_examples=120, deadline=None, derandomize=True, database=None,
+    max_examples=400, deadline=None, derandomize=True, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
