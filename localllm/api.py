@@ -337,4 +337,5 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
         raise
     if ops.name == "cpu":  # the CPU backend computes on the mapping itself
         read_ahead_if_small(reader)
+    ops.prepare_kernels(path)
     return Model(path, reader, decoder, tokenizer, ops, memory)

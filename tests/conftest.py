@@ -19,6 +19,10 @@ from pathlib import Path
 # OPENBLAS_CORETYPE=Haswell in their environment; one without it failed test_gemma_reference's 0.01 bound. That
 # sensitivity is an open question (docs/performance.md, "Fifth session"; docs/accuracy.md), not settled by this line.
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+# Kernels compiled when first called, in this process and in the CLI processes the tests start: a cold
+# start's background compile (localllm/backends/cpu/tiers.py) would start one more process per model file
+# the suite writes. tests/test_tiers.py sets "background" where it tests that path.
+os.environ.setdefault("LOCALLLM_COMPILE", "foreground")
 
 import pytest  # noqa: E402
 

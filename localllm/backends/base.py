@@ -46,6 +46,10 @@ class Backend(ABC):
         it takes in `memory` (an api.MemoryEstimate; a device backend may lower memory.n_ctx when the user
         did not set it, and raises a typed error naming both sizes). Host backends: nothing to do."""
 
+    def prepare_kernels(self, model_path) -> None:
+        """The model at model_path is bound: a backend that compiles kernels may start doing so now
+        (the CPU backend: in a background process on a cold start, backends/cpu/tiers.py)."""
+
     # -- memory ---------------------------------------------------------------------------------
     @abstractmethod
     def supports(self, qtype: str) -> bool:

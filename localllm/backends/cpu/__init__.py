@@ -26,6 +26,7 @@ from .matmul import (
     matvec_kernel,
 )
 from .threads import DecodeThreads, configure_openmp_waiting
+from .tiers import BackgroundCompile, compile_mode, prepared
 
 # Bounded spinning for idle OpenMP workers, before Numba starts its pool (see threads.py).
 configure_openmp_waiting()
@@ -135,8 +136,33 @@ class CPUBackend(Backend):
         self._paged_rows = np.empty(0, dtype=np.int32)
         self._decode = DecodeThreads(self._numba_threads)  # the thread count of each decode step
         self._matvec_plans: dict[int, tuple] = {}  # id(weight) -> what _matvec needs (see there)
+        # While a BackgroundCompile is running, the basic tier (tiers.py): no re-laid matrices, products
+        # of several rows row by row, serial small ops.
+        self.background: BackgroundCompile | None = None
+
+    def prepare_kernels(self, model_path) -> None:
+        """Called once the model is bound: on a cold start (no marker for this model, LOCALLLM_COMPILE
+        not "foreground") start the background compile and run in the basic tier until it is done."""
+        if compile_mode() == "foreground" or prepared(model_path):
+            return
+        background = BackgroundCompile(model_path)
+        background.start()
+        self.background = background
+
+    @property
+    def basic_tier(self) -> bool:
+        """Whether the backend still runs the basic tier; the first call after the background compile
+        has finished switches to the full tier (between two products: the results are the same)."""
+        if self.background is None:
+            return False
+        if not self.background.ready:
+            return True
+        self.background = None
+        self._matvec_plans.clear()  # planned on the file's layout; the full tier re-lays matrices
+        return False
 
     def begin_step(self, rows: int) -> None:
+        self.basic_tier  # noqa: B018 - switches to the full tier once it is ready
         # Every step is measured, keyed by its row count: in a prefill only the one-row ops (the output
         # projection of the last row) take this count, in the server's batched steps every decode row.
         self._decode.begin(rows)
@@ -166,6 +192,12 @@ class CPUBackend(Backend):
         else:
             qt = quant.get(w.qtype)
             rows = x.shape[0]
+            if rows < blas_min_rows(qt) and self.basic_tier:
+                for t in range(rows):  # each row as the multi-row kernels would compute it
+                    self._matvec(w, x[t : t + 1], out[t : t + 1])
+                if bias is not None:
+                    out += bias
+                return
             self._threads_for(rows, rows * w.data.nbytes, SMALL_MATVEC_BYTES, blas=rows >= blas_min_rows(qt))
             matmul(qt, self._layout_of(w), x, out, self.scratch)
         if bias is not None:
@@ -197,6 +229,8 @@ class CPUBackend(Backend):
         product, when the backend repacks and the type and target gain from it), else the mapped bytes."""
         entry = self._layouts.get(id(w))
         if entry is None:
+            if self.basic_tier:
+                return w.data  # not recorded: the full tier may re-lay it
             data = w.data
             if self.repack and quant.is_supported(w.qtype) and PackedWeights.suits(quant.get(w.qtype), data):
                 data = PackedWeights(quant.get(w.qtype), data)
@@ -257,7 +291,7 @@ class CPUBackend(Backend):
         """Whether an op runs its parallel kernel (on the thread count _threads_for sets) rather than its
         serial twin on the calling thread, which a small op (_threads_for's `work` under `limit`) does
         without touching the thread count (kernels.rms_norm_serial)."""
-        if work < (limit or SMALL_OP_WORK):
+        if work < (limit or SMALL_OP_WORK) or self.basic_tier:
             return False
         self._threads_for(rows, work, limit)
         return True

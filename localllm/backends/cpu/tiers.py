@@ -1,0 +1,113 @@
+"""A first start in seconds: the few kernels a conversation cannot do without now, the rest compiled by
+a background process.
+
+Compiling every kernel a model uses takes ~30 s of one core (Gemma 3 270M Q4_K_M: ~100 kernels; the
+multi-row prefill kernels and the re-laid Q4_K kernel are two thirds of it). On a cold start the
+backend therefore begins in the *basic* tier:
+- a matrix product of several rows goes row by row through the one-row kernel (`matvec`), where the
+  multi-row kernels would have been used; products that go through BLAS still do;
+- no matrix is re-laid (PackedWeights): the one-row kernel reads the file's layout;
+- norms, RoPE, activations and attention run their serial twins.
+Every one of these computes the same bits as the kernel it stands in for (the multi-row and re-laid
+kernels equal the one-row kernel for every row, the serial twins the parallel kernels), so what a model
+computes does not depend on the tier; only the speed does (tests/test_tiers.py checks the logits).
+
+Meanwhile `python -m localllm.backends.cpu.precompile MODEL` runs every op of that model's forward pass
+on the model's own shapes and types, so that each kernel the *full* tier calls is compiled into Numba's
+on-disk cache, then leaves a marker file. When that process has finished, the backend switches to the
+full tier between two products (loading a cached kernel takes milliseconds). A start that finds the
+marker begins in the full tier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+# LOCALLLM_COMPILE: "background" (default) starts cold in the basic tier as above; "foreground" compiles
+# each kernel when first called, as before (the test suite, and processes that want one code path).
+COMPILE_MODES = ("background", "foreground")
+
+
+def compile_mode() -> str:
+    mode = os.environ.get("LOCALLLM_COMPILE", "background").strip().lower() or "background"
+    if mode not in COMPILE_MODES:
+        from ...errors import LocalLLMError
+
+        raise LocalLLMError(f"LOCALLLM_COMPILE must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+    return mode
+
+
+def _machine_key() -> str:
+    """What Numba's cached code depends on besides the sources: its version, this CPU, the cache folder."""
+    import llvmlite.binding as llvm
+    import numba
+
+    parts = (
+        numba.__version__,
+        llvm.get_host_cpu_name(),
+        llvm.get_host_cpu_features().flatten(),
+        os.environ.get("NUMBA_CACHE_DIR", ""),
+    )
+    return "\0".join(parts)
+
+
+def marker_path(model_path) -> Path:
+    """The file that says the full tier's kernels for this model are in the cache: named by a hash of
+    the kernel sources, the machine (_machine_key) and the model file (path, size, modification time)."""
+    from ...quant.jit import kernel_sources_hash
+    from .drivers import kernel_dir
+
+    path = Path(model_path).resolve()
+    stat = path.stat()
+    key = "\0".join((kernel_sources_hash(), _machine_key(), str(path), str(stat.st_size), str(stat.st_mtime_ns)))
+    return kernel_dir() / f"prepared_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+
+
+class BackgroundCompile:
+    """The precompile process for one model file, and whether it has finished (`ready`)."""
+
+    def __init__(self, model_path):
+        self.model_path = Path(model_path)
+        self.marker = marker_path(model_path)
+        self._done = threading.Event()
+        self._process = None
+
+    @property
+    def ready(self) -> bool:
+        return self._done.is_set()
+
+    def start(self) -> None:
+        """Start the process (at low priority, in its own session: a Ctrl-C at the terminal is not for it)
+        and a thread that waits for it. It goes on if this process exits first, so that the next start
+        finds the cache full."""
+        log = self.marker.with_suffix(".log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as err:
+            self._process = subprocess.Popen(
+                [sys.executable, "-m", "localllm.backends.cpu.precompile", str(self.model_path)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                start_new_session=True, env={**os.environ, "LOCALLLM_COMPILE": "foreground"},
+            )
+        threading.Thread(target=self._wait, name="localllm-precompile", daemon=True).start()
+
+    def _wait(self) -> None:
+        # A failed process (its error is in the .log beside the marker) leaves the backend in the basic
+        # tier: slower, never a stall to compile in the middle of a reply.
+        if self._process.wait() == 0 and self.marker.exists():
+            self._done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the process has finished (tests, benchmarks); whether the full tier is ready."""
+        return self._done.wait(timeout)
+
+
+def prepared(model_path) -> bool:
+    try:
+        return marker_path(model_path).exists()
+    except OSError:
+        return False
