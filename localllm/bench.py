@@ -112,6 +112,9 @@ def bench(model_path, n_prompt: int = 512, n_gen: int = 128, threads=(None,), re
     rng = np.random.default_rng(seed)
     for n_threads in threads:
         model = localllm.load(model_path, n_ctx=n_depth + max(n_prompt, n_gen) + 16, threads=n_threads, backend=backend)
+        if progress:
+            progress("preparing the kernels")
+        model.backend.wait_for_kernels()  # a cold start's background compile (backends/cpu/tiers.py)
         info = _model_info(model)
         tests = [(n_prompt, 0)] * bool(n_prompt) + [(0, n_gen)] * bool(n_gen)
         session = None

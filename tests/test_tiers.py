@@ -186,3 +186,16 @@ def test_a_compile_mode_that_is_not_known_is_one_line(monkeypatch):
     monkeypatch.setenv("LOCALLLM_COMPILE", "sometimes")
     with pytest.raises(LocalLLMError, match="LOCALLLM_COMPILE must be one of background, foreground"):
         compile_mode()
+
+
+def test_a_failed_background_compile_leaves_the_basic_tier_and_says_why(tmp_path, monkeypatch):
+    from localllm.backends.cpu.tiers import BackgroundCompile
+
+    monkeypatch.setenv("LOCALLLM_KERNEL_DIR", str(tmp_path / "kernels"))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\xff" * 60)
+    background = BackgroundCompile(broken)
+    background.start()
+    assert background.wait(timeout=120) is False
+    assert not background.ready and not background.marker.exists()
+    assert "GGUFError" in background.marker.with_suffix(".log").read_text()

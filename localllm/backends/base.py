@@ -50,6 +50,9 @@ class Backend(ABC):
         """The model at model_path is bound: a backend that compiles kernels may start doing so now
         (the CPU backend: in a background process on a cold start, backends/cpu/tiers.py)."""
 
+    def wait_for_kernels(self) -> None:
+        """Return once the backend runs its fastest kernels (a benchmark measures those)."""
+
     # -- memory ---------------------------------------------------------------------------------
     @abstractmethod
     def supports(self, qtype: str) -> bool:

@@ -137,7 +137,7 @@ class CPUBackend(Backend):
         self._decode = DecodeThreads(self._numba_threads)  # the thread count of each decode step
         self._matvec_plans: dict[int, tuple] = {}  # id(weight) -> what _matvec needs (see there)
         # While a BackgroundCompile is running, the basic tier (tiers.py): no re-laid matrices, products
-        # of several rows row by row, serial small ops.
+        # of several rows row by row, serial small ops, one thread (the compile has the other cores).
         self.background: BackgroundCompile | None = None
 
     def prepare_kernels(self, model_path) -> None:
@@ -148,6 +148,11 @@ class CPUBackend(Backend):
         background = BackgroundCompile(model_path)
         background.start()
         self.background = background
+
+    def wait_for_kernels(self) -> None:
+        if self.background is not None:
+            self.background.wait()
+            self.basic_tier  # noqa: B018 - switches to the full tier
 
     @property
     def basic_tier(self) -> bool:
@@ -216,7 +221,7 @@ class CPUBackend(Backend):
             # the plan holds w, so its id cannot be reused by another weight while the entry lives
             plan = self._matvec_plans[id(w)] = (w, matvec_kernel(qt), self.scratch.activation(qt.act, x.shape[1]), small, packed)
         _, kernel, activation, small, packed = plan
-        wanted = 1 if small else self._decode.now()
+        wanted = 1 if small or self.basic_tier else self._decode.now()
         if _numba_threads_now() != wanted:
             numba.set_num_threads(wanted)
         if packed is not None:
@@ -281,7 +286,7 @@ class CPUBackend(Backend):
         small = work is not None and work < (limit or SMALL_OP_WORK)
         if blas is None:
             blas = rows >= BLAS_MIN_ROWS and self._matmuls_use_blas
-        wanted = 1 if blas or small else self._decode.now()
+        wanted = 1 if blas or small or self.basic_tier else self._decode.now()
         # The setting is per calling thread (and others may change it), so it is read back rather than
         # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
         if _numba_threads_now() != wanted:
