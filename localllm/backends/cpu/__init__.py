@@ -353,6 +353,10 @@ class CPUBackend(Backend):
         if self._scores.size < needed:
             self._scores = np.empty(needed, dtype=np.float32)
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
+        if self.basic_tier:
+            attention_decode.attention_by_head(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start,
+                                               np.float32(scale), int(window), out, scores)
+            return
         kernel = attention_decode.attention if parallel else attention_decode.attention_serial
         heads_per_job = self._heads_per_job(n_tokens, n_head, cache_k.shape[1], parallel)
         kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores,
