@@ -117,7 +117,7 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
     )
     with ui.err_console.status(f"loading {Path(path).name}"):
         llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)  # checks the cache fits first
-    with ui.err_console.status("preparing the kernels (compiled once per machine: the first run takes a while)"):
+    with ui.err_console.status("preparing the kernels (on a first run, the faster ones then compile in the background)"):
         llm.warm_up()
     return llm
 
