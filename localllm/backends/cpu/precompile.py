@@ -95,11 +95,22 @@ def precompile(model_path: str) -> None:
         marker.write_bytes(b"")
 
 
+def yield_the_cpu() -> None:
+    """Run only on a CPU nothing else wants (Linux's SCHED_IDLE; elsewhere the lowest priority): the
+    process that started this one, compiling its basic tier and answering, comes first. Measured on 2
+    cores with a third busy process: at nice 10 the foreground's warm-up took 10.3 s against 7.9 s
+    without this process."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        os.nice(19)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m localllm.backends.cpu.precompile MODEL.gguf", file=sys.stderr)
         return 2
-    os.nice(10)  # the foreground process (a chat, a first reply) comes first
+    yield_the_cpu()
     precompile(argv[0])
     return 0
 
