@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.markup import escape
 
-from ..errors import LocalLLMError
+from ..errors import LocalLLMError, os_error_message
 from . import options as opt
 from . import ui
 
@@ -170,7 +169,7 @@ class Repl:
         try:
             stream = start()
         except LocalLLMError as exc:
-            ui.err_console.print(f"error: {exc}")
+            ui.err_console.print(f"error: {ui.markup_safe(exc)}")
             return
         try:
             for event in stream:
@@ -184,7 +183,7 @@ class Repl:
             return
         except LocalLLMError as exc:
             sys.stdout.write("\n")
-            ui.err_console.print(f"error: {exc}")
+            ui.err_console.print(f"error: {ui.markup_safe(exc)}")
             return
         sys.stdout.write("\n")
         last = conversation.last
@@ -216,14 +215,14 @@ class Repl:
         }
         handler = handlers.get(name)
         if handler is None:
-            ui.err_console.print(f"unknown command {name} (/help lists them)")
+            ui.err_console.print(f"unknown command {ui.markup_safe(name)} (/help lists them)")
             return None
         try:
             return handler()
         except LocalLLMError as exc:
-            ui.err_console.print(f"error: {exc}")
+            ui.err_console.print(f"error: {ui.markup_safe(exc)}")
         except OSError as exc:
-            ui.err_console.print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "))
+            ui.err_console.print(f"error: {ui.markup_safe(os_error_message(exc))}")
         return None
 
     def _help(self) -> None:
@@ -298,17 +297,17 @@ class Repl:
         if not rest:
             raise LocalLLMError("/save needs a file name")
         self.conversation.save(Path(rest))
-        ui.console.print(f"[dim]saved {len(self.conversation.messages)} messages to {rest}[/dim]")
+        ui.console.print(f"[dim]saved {len(self.conversation.messages)} messages to {ui.markup_safe(rest)}[/dim]")
 
     def _load(self, rest: str) -> None:
         if not rest:
             raise LocalLLMError("/load needs a file name")
         self.conversation.load(Path(rest))
         messages = self.conversation.messages
-        ui.console.print(f"[dim]loaded {len(messages)} messages from {rest}[/dim]")
+        ui.console.print(f"[dim]loaded {len(messages)} messages from {ui.markup_safe(rest)}[/dim]")
         for message in messages:
             if message["role"] != "system":
-                ui.console.print(f"[bold]{message['role']}:[/bold] {escape(message['content'])}")
+                ui.console.print(f"[bold]{ui.markup_safe(message['role'])}:[/bold] {ui.markup_safe(message['content'], keep_newlines=True)}")
 
     # -- readline --
 
