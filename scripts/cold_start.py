@@ -6,7 +6,8 @@ compiles, as on a machine that never ran localllm):
 - cold chat: `localllm chat` in a pseudo-terminal, start to its ">>> " prompt, then the first reply;
 - background: start of the cold run to the marker of its background compile (tiers.py);
 then on the caches those left:
-- warm first token: `localllm run gemma-3-270m "The capital of France is" -n 1 --temperature 0`.
+- warm first token: `localllm run gemma-3-270m "The capital of France is" -n 1 --temperature 0`, start to
+  exit (the median of --warm-runs).
 Prints every sample, the medians and the load average around the run.
 
     python scripts/cold_start.py --rounds 3
@@ -78,17 +79,19 @@ def median(values):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warm-runs", type=int, default=3, help="warm starts per round (their median is the round's)")
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}", flush=True)
     samples: dict[str, list[float]] = {}
     for rnd in range(args.rounds):
         with tempfile.TemporaryDirectory(prefix="localllm-cold-") as root:
             env = fresh_env(Path(root))
-            start = time.perf_counter()
             run = timed_run(["run", "gemma-3-270m", "Hello", "-n", "8"], env)
             background = run + wait_for_background(env)
-            warm = timed_run(["run", "gemma-3-270m", "The capital of France is", "-n", "1", "--temperature", "0"], env)
-            del start
+            warm = statistics.median(
+                timed_run(["run", "gemma-3-270m", "The capital of France is", "-n", "1", "--temperature", "0"], env)
+                for _ in range(args.warm_runs)
+            )
         with tempfile.TemporaryDirectory(prefix="localllm-cold-") as root:
             env = fresh_env(Path(root))
             ready, reply = chat_times(env)
