@@ -16,6 +16,15 @@ from localllm.errors import TemplateError
 MESSAGES = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
 
 
+def conversation(kilobytes: int) -> list[dict]:
+    """The two messages, the user's `kilobytes` kB of short lines when asked (python template_attack.py KB):
+    the room a caller gives a render grows with the conversation, so attacks must hold with a long one."""
+    if not kilobytes:
+        return MESSAGES
+    line = "a line of the user's text\n"
+    return [{"role": "user", "content": line * (kilobytes * 1024 // len(line))}, MESSAGES[1]]
+
+
 def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: kB
 
@@ -31,13 +40,14 @@ def _cap_address_space(extra_mb: int) -> None:
 
 def main() -> None:
     source = sys.stdin.read()
+    messages = conversation(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
     ChatTemplate("{{ messages[0].content }}", "gguf").apply(MESSAGES)  # warm: jinja2 and the sandbox loaded
     _cap_address_space(1024)
     baseline = _peak_mb()
     started = time.process_time()
     error = None
     try:
-        ChatTemplate(source, "gguf").apply(MESSAGES)
+        ChatTemplate(source, "gguf").apply(messages)
     except TemplateError as exc:
         error = str(exc)
     cpu = time.process_time() - started

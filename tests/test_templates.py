@@ -459,9 +459,10 @@ C_SIDE_ATTACKS = {
 }
 
 
-def _render_in_a_fresh_process(source: str) -> tuple[dict, str]:
+def _render_in_a_fresh_process(source: str, conversation_kb: int = 0) -> tuple[dict, str]:
     script = Path(__file__).with_name("template_attack.py")
-    done = subprocess.run([sys.executable, str(script)], input=source, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, str(script), str(conversation_kb)], input=source, capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout), done.stderr
 
@@ -471,6 +472,26 @@ def test_values_stringified_in_c_are_bounded_before_they_are_built(name):
     report, stderr = _render_in_a_fresh_process(C_SIDE_ATTACKS[name])
     assert report["error"] is not None and report["error"].startswith("chat template 'gguf': ")
     assert "\n" not in report["error"]
+    assert report["cpu_s"] < 1.0
+    assert report["rss_growth_mb"] < 100
+    assert stderr == ""
+
+
+# Copies of a long conversation kept at once: the room a render gets grows with the conversation (the
+# template may repeat it), and was counted at repr size (a string with a newline at 10x its length), then
+# multiplied by BUILD_FACTOR: 400 kB of user text let such a template hold 142 MB.
+LONG_CONVERSATION_ATTACKS = {
+    "kept_copies_of_the_conversation": "{% set s = messages[0].content %}"
+    + "".join(f"{{% set a{i} = s ~ {i} %}}" for i in range(300)),
+    "kept_copies_in_a_list": "{% set ns = namespace(x=[]) %}{% for i in range(300) %}"
+    "{% set ns.x = ns.x + [messages[0].content ~ i] %}{% endfor %}{{ ns.x | length }}",
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_CONVERSATION_ATTACKS))
+def test_a_long_conversation_does_not_lift_the_memory_bound(name):
+    report, stderr = _render_in_a_fresh_process(LONG_CONVERSATION_ATTACKS[name], conversation_kb=400)
+    assert report["error"] is not None and report["error"].startswith("chat template 'gguf': ")
     assert report["cpu_s"] < 1.0
     assert report["rss_growth_mb"] < 100
     assert stderr == ""
@@ -528,13 +549,13 @@ def test_the_render_generator_is_closed_after_the_deadline_tracer_is_removed():
                 tracer_at_close.append(sys.gettrace())
 
     with pytest.raises(sandbox.LimitExceeded, match="output exceeds"):
-        sandbox._render_bounded(Template(), {}, limit=10_000)
+        sandbox._render_bounded(Template(), {}, room=0)
     assert tracer_at_close == [None]
 
 
 def test_the_build_budget_does_not_refuse_a_long_real_conversation():
     # 200 turns of 5,000 characters through a template that concatenates and trims every message: about
-    # 5 x the conversation built, far below BUILD_FACTOR x (MAX_OUTPUT_CHARS + room).
+    # 5 x the conversation built, below BUILD_FACTOR x MAX_OUTPUT_CHARS + ROOM_BUILD_FACTOR x room (room: twice it).
     messages = [{"role": ("user", "assistant")[i % 2], "content": chr(97 + i % 26) * 5000} for i in range(200)]
     source = (
         "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\n\n' + m['content'] | trim"

@@ -24,7 +24,8 @@ import jinja2.utils
 
 MAX_OUTPUT_CHARS = 1 << 20  # beyond the conversation's own text; a template adds a few kB at most
 MAX_POWER_BITS = 4096  # `a ** b` and `a * b` on integers may produce at most this many bits
-BUILD_FACTOR = 16  # all values a render builds, together, may take this many times its size limit
+BUILD_FACTOR = 16  # all values a render builds, together, may take this many times MAX_OUTPUT_CHARS...
+ROOM_BUILD_FACTOR = 4  # ...plus this many times the caller's room (the conversation's own size, twice)
 ITEM_CHARS = 16  # what one item of a container counts for: its pointer and object header, in characters
 _REPR_INFLATION = 10  # repr() of a non-printable character takes up to 10 ('\U0001f600')
 
@@ -76,10 +77,12 @@ def _namespace_attributes(value: Any) -> dict | None:
     return None
 
 
-def estimate_text(value: Any, limit: int | None = None) -> tuple[int, int]:
+def estimate_text(value: Any, limit: int | None = None, quoted_strings: bool = True) -> tuple[int, int]:
     """(estimated length of str(value), nesting depth), counting only until the length passes `limit`.
     Iterative, and each container adds its item count before its items are visited, so the work is
-    bounded by `limit` whatever the value (also a list that contains itself many times over)."""
+    bounded by `limit` whatever the value (also a list that contains itself many times over).
+    quoted_strings=False counts the strings inside containers at their own length, not their repr's
+    (an upper bound for what a template prints, for the caller's room: `sandbox.text_size`)."""
     limit = size_limit() if limit is None else limit
     total, deepest = 0, 0
     stack = [(value, 0)]
@@ -90,7 +93,7 @@ def estimate_text(value: Any, limit: int | None = None) -> tuple[int, int]:
         if attributes is not None:
             item = attributes
         if isinstance(item, (str, bytes, bytearray)):
-            total += _string_size(item, quoted=depth > 0)
+            total += _string_size(item, quoted=quoted_strings and depth > 0)
         elif isinstance(item, bool) or item is None:
             total += 5
         elif isinstance(item, int):

@@ -5,7 +5,7 @@ unsafe callables, mutation of the data, and `range()` over more than 100,000 ite
 renderer bounds what a hostile template can cost, so that any template fails within about 1 s of CPU
 and a few tens of MB:
 - every value built on the way, and the output, at MAX_OUTPUT_CHARS characters plus the room the caller
-  gives (ChatTemplate: twice the size of the messages and tools, so very long conversations still
+  gives (ChatTemplate: twice the length of the messages' and tools' text, so very long conversations still
   render; the estimates and the budget are localllm/chat/limits.py), measured *before* anything turns it into text: namespaces, dicts, dict views, lists and
   tuples count their items (their str() runs in C, past any check), operations that can multiply
   sizes (`*` repetition, `%` and `str.format` with widths from anywhere, join, replace, translate,
@@ -13,8 +13,9 @@ and a few tens of MB:
   their inputs; numeric arguments of filters and calls may not exceed the limit either; `lipsum` is
   removed;
 - all values built during the render together (freed ones too: literals, slices, concatenations,
-  block and macro output, printed values, filter and call results) at BUILD_FACTOR times that, so that
-  no number of kept values (distinct names, recursion frames) adds up to more;
+  block and macro output, printed values, filter and call results) at BUILD_FACTOR times
+  MAX_OUTPUT_CHARS plus ROOM_BUILD_FACTOR times the room, so that no number of kept values (distinct
+  names, recursion frames, copies of a long conversation) adds up to more;
 - `**` and integer `*` to small results;
 - wall time at RENDER_SECONDS: a sys.settrace hook, installed for the render only (any previous
   tracer is restored after), checks the clock on executed template lines, so even loops that call
@@ -44,6 +45,7 @@ from ..errors import TemplateError
 from .limits import (  # noqa: F401 - MAX_OUTPUT_CHARS, BUILD_FACTOR, MAX_POWER_BITS: part of this module's interface
     BUDGET,
     BUILD_FACTOR,
+    ROOM_BUILD_FACTOR,
     ITERATOR_CONSUMING_FILTERS,
     MAX_OUTPUT_CHARS,
     MAX_POWER_BITS,
@@ -286,10 +288,14 @@ def _deadline_tracer(deadline: float):
     return trace
 
 
-def _render_bounded(template: jinja2.Template, variables: dict, limit: int) -> str:
+def _render_bounded(template: jinja2.Template, variables: dict, room: int) -> str:
+    """The output, each value and the output at most MAX_OUTPUT_CHARS + room characters; all values built
+    together BUILD_FACTOR * MAX_OUTPUT_CHARS + ROOM_BUILD_FACTOR * room (a template that keeps many copies of
+    a long conversation is refused at a few times its size, not sixteen)."""
+    limit = MAX_OUTPUT_CHARS + room
     pieces: list[str] = []
     total = 0
-    budget_token = BUDGET.set(Budget(limit=limit, build_limit=BUILD_FACTOR * limit))
+    budget_token = BUDGET.set(Budget(limit=limit, build_limit=BUILD_FACTOR * MAX_OUTPUT_CHARS + ROOM_BUILD_FACTOR * room))
     previous_tracer = sys.gettrace()
     # The generator is held in a local and closed below, after the tracer is gone: a `for` loop would
     # drop it while the exception unwinds, closing it (and running its cleanup) under a tracer whose
@@ -358,16 +364,16 @@ def compile_template(source: Any, name: str) -> jinja2.Template:
 
 
 def text_size(value: Any) -> int:
-    """How many characters `value`'s text takes (a string's length; for containers their items plus
-    punctuation): what a caller adds to MAX_OUTPUT_CHARS as room for its own data."""
-    return estimate_text(value, limit=1 << 62)[0]
+    """How many characters `value`'s text takes (a string's length; for containers their items, at their
+    own lengths, plus punctuation): what a caller adds to MAX_OUTPUT_CHARS as room for its own data."""
+    return estimate_text(value, limit=1 << 62, quoted_strings=False)[0]
 
 
 def render(template: jinja2.Template, name: str, variables: dict, room: int = 0) -> str:
     """The template rendered with `variables`, within the limits above, its output allowed
     MAX_OUTPUT_CHARS + room characters; any failure is a TemplateError naming the template `name`."""
     try:
-        return _render_bounded(template, variables, MAX_OUTPUT_CHARS + room)
+        return _render_bounded(template, variables, room)
     except (Exception, LimitExceeded) as exc:  # noqa: BLE001 - any failure inside a template is the template's
         message = f"chat template '{name}': {_describe(exc)}"
     # Raised outside the except block, so the error holds no traceback into the template's frames.
