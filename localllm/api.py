@@ -332,10 +332,10 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
         ops = create_backend(backend, threads)
         ops.plan_memory(reader, memory, HParams.from_reader(reader, tokenizer.vocab_size), ctx_given=n_ctx is not None)
         decoder = arch_cls(reader, ops, n_vocab=tokenizer.vocab_size)
+        ops.prepare_kernels(path)
     except BaseException:
         reader.close()
         raise
     if ops.name == "cpu":  # the CPU backend computes on the mapping itself
         read_ahead_if_small(reader)
-    ops.prepare_kernels(path)
     return Model(path, reader, decoder, tokenizer, ops, memory)

@@ -44,7 +44,7 @@ def timed_run(args: list[str], env: dict) -> float:
 def wait_for_background(env: dict, timeout: float = 600.0) -> float:
     """Seconds until the background compile's marker for the default model exists (from now)."""
     code = ("from localllm.backends.cpu.tiers import marker_path; from localllm.hub.default_model import "
-            "default_model_path; print(marker_path(default_model_path()))")
+            "default_model_path; print(marker_path(default_model_path(), True))")
     marker = Path(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout.strip())
     start = time.perf_counter()
     while not marker.exists():

@@ -22,10 +22,22 @@ from tiny_models import write_tiny_model
 
 
 class _Pending:
-    """Stands for a BackgroundCompile: `ready` is whatever the test sets."""
+    """Stands for a BackgroundCompile: `ready` and `finished` are whatever the test sets."""
 
     def __init__(self):
-        self.ready = False
+        self.ready = self.finished = False
+        self.marker = Path("prepared_x")
+
+
+def _start_basic(backend) -> _Pending:
+    """The backend in the basic tier, as prepare_kernels leaves it on a cold start."""
+    backend.background = pending = _Pending()
+    backend.basic_tier = True
+    return pending
+
+
+def _finish(pending, ok=True) -> None:
+    pending.finished, pending.ready = True, ok
 
 
 def _logits_and_decode(model, prompt: list[int], steps: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -43,12 +55,12 @@ def _logits_and_decode(model, prompt: list[int], steps: int) -> tuple[np.ndarray
 def _both_tiers(path, prompt, steps):
     basic_model = localllm.load(path, n_ctx=512, threads=2)
     full_model = localllm.load(path, n_ctx=512, threads=2)
-    basic_model.backend.background = pending = _Pending()
-    assert basic_model.backend.basic_tier
+    pending = _start_basic(basic_model.backend)
     basic = _logits_and_decode(basic_model, prompt, steps)
-    assert not basic_model.backend._layouts, "the basic tier re-laid a matrix"
+    assert basic_model.backend.basic_tier and not basic_model.backend._layouts, "the basic tier re-laid a matrix"
     full = _logits_and_decode(full_model, prompt, steps)
-    pending.ready = True
+    _finish(pending)
+    basic_model.decoder.forward(np.array([2], dtype=np.int32), 0, basic_model.new_session().cache)
     assert not basic_model.backend.basic_tier and basic_model.backend.background is None
     return basic, full
 
@@ -77,10 +89,10 @@ def test_the_basic_tier_computes_the_full_tiers_bits_on_every_kind_of_product(tm
 def test_the_switch_to_the_full_tier_re_lays_matrices_and_keeps_decoding_the_same(gemma_path):
     model = localllm.load(gemma_path, n_ctx=256, threads=2)
     reference = localllm.load(gemma_path, n_ctx=256, threads=2)
-    model.backend.background = pending = _Pending()
+    pending = _start_basic(model.backend)
     prompt = model.tokenize("The capital of France is")
     first = model.logits(prompt, model.session)
-    pending.ready = True  # the background compile finished between two steps
+    _finish(pending)  # the background compile finished between two steps
     token, pos, rows = int(np.argmax(first[-1])), len(prompt), []
     for _ in range(4):
         rows.append(model.decoder.forward(np.array([token], dtype=np.int32), pos, model.session.cache).copy())
@@ -191,7 +203,7 @@ def test_a_cold_chat_answers_in_the_basic_tier_and_leaves_the_full_tier_ready(ge
 
 def _marker_in(env, model_path) -> Path:
     """The marker path as a process with env computes it."""
-    code = "import sys; from localllm.backends.cpu.tiers import marker_path; print(marker_path(sys.argv[1]))"
+    code = "import sys; from localllm.backends.cpu.tiers import marker_path; print(marker_path(sys.argv[1], True))"
     out = subprocess.run([sys.executable, "-c", code, model_path], capture_output=True, text=True, env=env, check=True)
     return Path(out.stdout.strip())
 
@@ -211,8 +223,37 @@ def test_a_failed_background_compile_leaves_the_basic_tier_and_says_why(tmp_path
     monkeypatch.setenv("LOCALLLM_KERNEL_DIR", str(tmp_path / "kernels"))
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(b"GGUF" + b"\xff" * 60)
-    background = BackgroundCompile(broken)
+    background = BackgroundCompile(broken, True)
     background.start()
     assert background.wait(timeout=120) is False
     assert not background.ready and not background.marker.exists()
     assert "GGUFError" in background.marker.with_suffix(".log").read_text()
+
+
+def test_a_failed_background_compile_is_reported_once_and_the_session_stays_in_the_basic_tier(tmp_path, caplog):
+    path = write_tiny_model(tmp_path / "llama-Q8_0.gguf", "llama", "Q8_0")
+    model = localllm.load(path, n_ctx=64, threads=2)
+    pending = _start_basic(model.backend)
+    _finish(pending, ok=False)
+    with caplog.at_level("WARNING", logger="localllm.backends.cpu"):
+        for pos in range(3):
+            model.decoder.forward(np.array([5], dtype=np.int32), pos, model.session.cache)
+    warnings = [r.getMessage() for r in caplog.records if "background failed" in r.getMessage()]
+    assert len(warnings) == 1 and "prepared_x.log" in warnings[0]
+    assert model.backend.basic_tier  # no compile in the middle of a reply
+    model.backend.wait_for_kernels()  # a benchmark: the full tier, compiled when first called
+    assert not model.backend.basic_tier
+
+
+def test_a_file_over_the_basic_tiers_size_compiles_when_first_called(tmp_path, monkeypatch):
+    from localllm.backends.cpu import tiers
+
+    path = write_tiny_model(tmp_path / "llama-Q8_0.gguf", "llama", "Q8_0")
+    monkeypatch.setenv("LOCALLLM_COMPILE", "background")
+    monkeypatch.setenv("LOCALLLM_KERNEL_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(tiers, "BASIC_TIER_MAX_BYTES", Path(path).stat().st_size - 1)
+    started = []
+    monkeypatch.setattr(tiers.BackgroundCompile, "start", lambda self: started.append(self))
+    assert not localllm.load(path, n_ctx=64).backend.basic_tier and not started
+    monkeypatch.setattr(tiers, "BASIC_TIER_MAX_BYTES", Path(path).stat().st_size)
+    assert localllm.load(path, n_ctx=64).backend.basic_tier and len(started) == 1

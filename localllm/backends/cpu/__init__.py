@@ -3,6 +3,7 @@ re-laid 16 rows at a time at their first product, their file pages then released
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numba
@@ -26,7 +27,19 @@ from .matmul import (
     matvec_kernel,
 )
 from .threads import DecodeThreads, configure_openmp_waiting
-from .tiers import BackgroundCompile, compile_mode, prepared
+from .tiers import BackgroundCompile, compile_mode, fits_basic_tier, prepared
+
+log = logging.getLogger(__name__)
+
+
+class _FailedCompile:
+    """Stands for a background compile that failed and was reported: never finished again."""
+
+    finished = ready = False
+
+    def wait(self, timeout=None) -> bool:
+        return False
+
 
 # Bounded spinning for idle OpenMP workers, before Numba starts its pool (see threads.py).
 configure_openmp_waiting()
@@ -137,37 +150,46 @@ class CPUBackend(Backend):
         self._decode = DecodeThreads(self._numba_threads)  # the thread count of each decode step
         self._matvec_plans: dict[int, tuple] = {}  # id(weight) -> what _matvec needs (see there)
         # While a BackgroundCompile is running, the basic tier (tiers.py): no re-laid matrices, products
-        # of several rows row by row, serial small ops, one thread (the compile has the other cores).
+        # of several rows row by row, serial small ops, our kernels on one thread (the compile has the
+        # other cores). A plain attribute: the ops read it ~300 times a decode step.
+        self.basic_tier = False
         self.background: BackgroundCompile | None = None
 
     def prepare_kernels(self, model_path) -> None:
         """Called once the model is bound: on a cold start (no marker for this model, LOCALLLM_COMPILE
-        not "foreground") start the background compile and run in the basic tier until it is done."""
-        if compile_mode() == "foreground" or prepared(model_path):
+        not "foreground") of a model small enough that its prompts go fast row by row, start the
+        background compile and run in the basic tier until it is done."""
+        if compile_mode() == "foreground" or prepared(model_path, self.repack) or not fits_basic_tier(model_path):
             return
-        background = BackgroundCompile(model_path)
-        background.start()
+        background = BackgroundCompile(model_path, self.repack)
+        try:
+            background.start()
+        except OSError:  # no process or no kernel folder to be had: compile when first called, as before
+            return
         self.background = background
+        self.basic_tier = True
 
     def wait_for_kernels(self) -> None:
         if self.background is not None:
             self.background.wait()
-            self.basic_tier  # noqa: B018 - switches to the full tier
+            self._leave_basic_tier()
 
-    @property
-    def basic_tier(self) -> bool:
-        """Whether the backend still runs the basic tier; the first call after the background compile
-        has finished switches to the full tier (between two products: the results are the same)."""
-        if self.background is None:
-            return False
-        if not self.background.ready:
-            return True
+    def _leave_basic_tier(self) -> None:
+        """The full tier from now on: its kernels are in the cache (or, if the background compile failed,
+        compile when first called). Between two forward passes: the results are the same bits."""
+        self.basic_tier = False
         self.background = None
         self._matvec_plans.clear()  # planned on the file's layout; the full tier re-lays matrices
-        return False
+        self._decode = DecodeThreads(self._numba_threads)  # what it measured was one-thread steps
 
     def begin_step(self, rows: int) -> None:
-        self.basic_tier  # noqa: B018 - switches to the full tier once it is ready
+        if self.basic_tier and self.background.finished:
+            if self.background.ready:
+                self._leave_basic_tier()
+            else:  # stay in the basic tier: slower, but no compile in the middle of a reply
+                log.warning("warning: compiling the faster kernels in the background failed (%s); this "
+                            "session keeps the basic ones", self.background.marker.with_suffix(".log"))
+                self.background = _FailedCompile()
         # Every step is measured, keyed by its row count: in a prefill only the one-row ops (the output
         # projection of the last row) take this count, in the server's batched steps every decode row.
         self._decode.begin(rows)
@@ -197,7 +219,7 @@ class CPUBackend(Backend):
         else:
             qt = quant.get(w.qtype)
             rows = x.shape[0]
-            if rows < blas_min_rows(qt) and self.basic_tier:
+            if self.basic_tier and rows < blas_min_rows(qt):
                 for t in range(rows):  # each row as the multi-row kernels would compute it
                     self._matvec(w, x[t : t + 1], out[t : t + 1])
                 if bias is not None:

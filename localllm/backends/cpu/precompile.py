@@ -80,7 +80,8 @@ def precompile(model_path: str) -> None:
     from ...tokenizer import Tokenizer
     from .tiers import marker_path
 
-    marker = marker_path(model_path)
+    backend = CompileOnlyBackend()  # re-lays Q4_K matrices as LOCALLLM_REPACK says (set by the parent)
+    marker = marker_path(model_path, backend.repack)
     marker.parent.mkdir(parents=True, exist_ok=True)
     # One compile per model at a time: a second start while the first is compiling waits here, then
     # finds the marker.
@@ -90,7 +91,7 @@ def precompile(model_path: str) -> None:
             return
         with GGUFReader(model_path) as reader:
             n_vocab = Tokenizer.from_metadata(reader.metadata).vocab_size
-            decoder = architecture_class(reader.architecture)(reader, CompileOnlyBackend(), n_vocab=n_vocab)
+            decoder = architecture_class(reader.architecture)(reader, backend, n_vocab=n_vocab)
             exercise(decoder)
         marker.write_bytes(b"")
 

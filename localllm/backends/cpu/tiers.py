@@ -8,17 +8,19 @@ backend therefore begins in the *basic* tier:
   multi-row kernels would have been used; products that go through BLAS still do;
 - no matrix is re-laid (PackedWeights): the one-row kernel reads the file's layout;
 - norms, RoPE, activations and attention run their serial twins;
-- every kernel runs on one thread: the compile has the other cores (on 2 cores, a parallel region whose
+- our kernels run on one thread: the compile has the other cores (on 2 cores, a parallel region whose
   second thread waits behind the compiling process took ~30 ms instead of microseconds).
 Every one of these computes the same bits as the kernel it stands in for (the multi-row and re-laid
 kernels equal the one-row kernel for every row, the serial twins the parallel kernels), so what a model
 computes does not depend on the tier; only the speed does (tests/test_tiers.py checks the logits).
 
 Meanwhile `python -m localllm.backends.cpu.precompile MODEL` runs every op of that model's forward pass
-on the model's own shapes and types, so that each kernel the *full* tier calls is compiled into Numba's
-on-disk cache, then leaves a marker file. When that process has finished, the backend switches to the
-full tier between two products (loading a cached kernel takes milliseconds). A start that finds the
-marker begins in the full tier.
+on the model's own shapes and types, so that each kernel the *full* tier calls in `Model.generate` is
+compiled into Numba's on-disk cache, then leaves a marker file. When that process has finished, the
+backend switches to the full tier at the start of the next forward pass (loading a cached kernel takes
+milliseconds; the server's batched paths, which the precompile does not run, still compile when first
+called). A start that finds the marker begins in the full tier. A file over BASIC_TIER_MAX_BYTES, whose
+prompts would be slow row by row, compiles when first called, as before.
 """
 
 from __future__ import annotations
@@ -58,24 +60,37 @@ def _machine_key() -> str:
     return "\0".join(parts)
 
 
-def marker_path(model_path) -> Path:
+# The basic tier is for models whose prompts go fast row by row: each prompt row reads every weight once
+# (the default model's per-layer matrices: ~60 MB, a few ms a row). An 8B Q4_K_M file (4.6 GB) would take
+# ~0.5 s a row on one thread, more for a first prompt than the ~30 s compile it saves: such files compile
+# when first called, as before.
+BASIC_TIER_MAX_BYTES = 1 << 30
+
+
+def fits_basic_tier(model_path) -> bool:
+    return os.path.getsize(model_path) <= BASIC_TIER_MAX_BYTES
+
+
+def marker_path(model_path, repack: bool) -> Path:
     """The file that says the full tier's kernels for this model are in the cache: named by a hash of
-    the kernel sources, the machine (_machine_key) and the model file (path, size, modification time)."""
+    the kernel sources, the machine (_machine_key), whether Q4_K matrices are re-laid (LOCALLLM_REPACK:
+    another kernel) and the model file (path, size, modification time)."""
     from ...quant.jit import kernel_sources_hash
     from .drivers import kernel_dir
 
     path = Path(model_path).resolve()
     stat = path.stat()
-    key = "\0".join((kernel_sources_hash(), _machine_key(), str(path), str(stat.st_size), str(stat.st_mtime_ns)))
+    key = "\0".join((kernel_sources_hash(), _machine_key(), str(repack), str(path), str(stat.st_size), str(stat.st_mtime_ns)))
     return kernel_dir() / f"prepared_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 
 class BackgroundCompile:
     """The precompile process for one model file, and whether it has finished (`ready`)."""
 
-    def __init__(self, model_path):
+    def __init__(self, model_path, repack: bool):
         self.model_path = Path(model_path)
-        self.marker = marker_path(model_path)
+        self.repack = repack
+        self.marker = marker_path(model_path, repack)
         self._finished = threading.Event()
         self._succeeded = False
         self._process = None
@@ -84,17 +99,22 @@ class BackgroundCompile:
     def ready(self) -> bool:
         return self._succeeded
 
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
     def start(self) -> None:
         """Start the process (at low priority, in its own session: a Ctrl-C at the terminal is not for it)
         and a thread that waits for it. It goes on if this process exits first, so that the next start
         finds the cache full."""
         log = self.marker.with_suffix(".log")
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "wb") as err:
+        with open(log, "ab") as err:  # appended: a second start's process may write beside the first's
             self._process = subprocess.Popen(
                 [sys.executable, "-m", "localllm.backends.cpu.precompile", str(self.model_path)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                start_new_session=True, env={**os.environ, "LOCALLLM_COMPILE": "foreground"},
+                start_new_session=True,
+                env={**os.environ, "LOCALLLM_COMPILE": "foreground", "LOCALLLM_REPACK": "1" if self.repack else "0"},
             )
         threading.Thread(target=self._wait, name="localllm-precompile", daemon=True).start()
 
@@ -110,8 +130,8 @@ class BackgroundCompile:
         return self._succeeded
 
 
-def prepared(model_path) -> bool:
+def prepared(model_path, repack: bool) -> bool:
     try:
-        return marker_path(model_path).exists()
+        return marker_path(model_path, repack).exists()
     except OSError:
         return False
