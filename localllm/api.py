@@ -82,7 +82,7 @@ def estimate_memory(path, n_ctx: Optional[int] = None, check: bool = False) -> M
 
 def trained_context(reader) -> int:
     """The context length the model was trained on (its metadata's `<arch>.context_length`)."""
-    return int(reader.arch_get("context_length") or ASSUMED_TRAINED_CTX)
+    return reader.metadata.get_int(reader.arch_key("context_length"), None, min=1) or ASSUMED_TRAINED_CTX
 
 
 def default_context(trained: int) -> int:
@@ -99,27 +99,30 @@ def _estimate(reader, n_ctx: Optional[int]) -> MemoryEstimate:
 
 
 def check_fits(memory: MemoryEstimate, available: Optional[int] = None) -> None:
-    """LocalLLMError for a context under 16 tokens; KVCacheTooLarge when memory.kv_bytes plus the weights
-    exceed `available` (default: the memory available now), with the context that would fit."""
+    """LocalLLMError for a context under 16 tokens; KVCacheTooLarge when the KV cache (memory.kv_bytes) would
+    exceed `available` (default: the memory available now), with the context that would fit. The weights do
+    not count: they are mapped from the file, and the page cache gives them back under pressure (a model
+    larger than the memory runs, reading them from disk, as llama.cpp's mmap does)."""
     if memory.n_ctx < 16:
         raise LocalLLMError(f"context size {memory.n_ctx} is too small (minimum 16)")
     available = available_memory() if available is None else available
-    if memory.kv_bytes + memory.weights_bytes > available:
+    if memory.kv_bytes > available:
         per_token = max(memory.kv_bytes // max(memory.n_ctx, 1), 1)
-        fitting = max(available - memory.weights_bytes, 0) // per_token
-        raise KVCacheTooLarge(memory.n_ctx, memory.kv_bytes + memory.weights_bytes, available, int(fitting))
+        raise KVCacheTooLarge(memory.n_ctx, memory.kv_bytes, available, int(available // per_token))
 
 
-def check_context(reader, memory: MemoryEstimate, available: Optional[int] = None) -> None:
-    """Before any cache is allocated: raise KVCacheTooLarge when the KV cache for memory.n_ctx plus the
-    weights exceed the memory available now; log a one-line warning when the context is longer than the
-    model was trained on (it runs, but positions past the trained length give poor text).
+def check_context(reader, memory: MemoryEstimate, host: bool = True, available: Optional[int] = None) -> None:
+    """Before any cache is allocated: on a host backend (the cache in this machine's memory; a device
+    backend checks its own in plan_memory) raise KVCacheTooLarge when the KV cache for memory.n_ctx would
+    not fit in the memory available now; log a one-line warning when the context is longer than the model
+    was trained on (it runs, but positions past the trained length give poor text).
 
-    The weights count because they are read on every token: they are mapped, not copied, but a cache that
-    pushes them out of the page cache makes every step read the file again. (A cache that does not fit is
-    not refused by NumPy itself until it is far beyond the memory: zero pages are allocated lazily, and the
-    machine would run out of memory later, while filling the cache.)"""
-    check_fits(memory, available)
+    (A cache that does not fit is not refused by NumPy itself until it is far beyond the memory: zero pages
+    are allocated lazily, and the machine would run out of memory later, while filling the cache.)"""
+    if host:
+        check_fits(memory, available)
+    elif memory.n_ctx < 16:
+        raise LocalLLMError(f"context size {memory.n_ctx} is too small (minimum 16)")
     trained = trained_context(reader)
     if memory.n_ctx > trained:
         log.warning("warning: a context of %d tokens is longer than the %d this model was trained on; "
@@ -191,7 +194,7 @@ class Model:
         Checked first (check_context: KVCacheTooLarge, too small); a refused size changes nothing. The default
         session is replaced by an empty one; sessions made before keep their old cache."""
         memory = MemoryEstimate(self.memory.weights_bytes, _kv_bytes_per_token(self.reader) * n_ctx, n_ctx)
-        check_context(self.reader, memory)
+        check_context(self.reader, memory, host=self.backend.host_buffers)
         if self.backend.name != "cpu":
             self.backend.plan_memory(self.reader, memory, self.decoder.hp, ctx_given=True)
         self.memory = memory
@@ -327,9 +330,9 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
     try:
         arch_cls = architecture_class(reader.architecture)
         memory = _estimate(reader, n_ctx)
-        check_context(reader, memory)
         tokenizer = Tokenizer.from_metadata(reader.metadata)
         ops = create_backend(backend, threads)
+        check_context(reader, memory, host=ops.host_buffers)
         ops.plan_memory(reader, memory, HParams.from_reader(reader, tokenizer.vocab_size), ctx_given=n_ctx is not None)
         decoder = arch_cls(reader, ops, n_vocab=tokenizer.vocab_size)
         ops.prepare_kernels(path)

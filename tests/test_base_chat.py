@@ -151,7 +151,7 @@ def test_a_cache_that_does_not_fit_is_refused_before_allocation(gemma_path, monk
         localllm.load(gemma_path, n_ctx=1_000_000, threads=1)
     assert not allocated
     error = caught.value
-    assert error.needed_bytes - 1_000_000 * per_token > 200 * 1024**2  # the cache and the weights (235 MiB)
+    assert error.needed_bytes == 1_000_000 * per_token  # the cache; the mapped weights can be paged out
     assert error.available_bytes == 2 * GIB
     assert f"needs {error.needed_bytes / GIB:.1f} GiB of memory" in str(error) and "but 2.0 GiB is available" in str(error)
 

@@ -61,7 +61,7 @@ class KVCacheTooLarge(LocalLLMError):
         self.n_ctx, self.needed_bytes, self.available_bytes = n_ctx, needed_bytes, available_bytes
         hint = f"at most about {fitting_ctx} tokens fit" if fitting_ctx >= 16 else "not even a small context fits"
         super().__init__(
-            f"a context of {n_ctx} tokens needs {needed_bytes / GIB:.1f} GiB of memory (KV cache and weights) "
+            f"a context of {n_ctx} tokens needs {needed_bytes / GIB:.1f} GiB of memory for its KV cache "
             f"but {available_bytes / GIB:.1f} GiB is available: choose a smaller context ({hint})"
         )
 
