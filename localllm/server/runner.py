@@ -15,15 +15,12 @@ from ..errors import LocalLLMError
 from .app import DEFAULT_MAX_BODY_BYTES, ServerConfig, create_app
 from .engine import DEFAULT_CACHE_MB, Engine
 
-DEFAULT_CTX = 4096
-
-
 @dataclass
 class ServeOptions:
     host: str = "127.0.0.1"  # loopback only unless asked: the API has no key by default
     port: int = 8080
     parallel: int = 4
-    ctx: int = DEFAULT_CTX
+    ctx: Optional[int] = None  # None: localllm.api.default_context (4096, or the trained length if shorter)
     api_key: Optional[str] = None
     cache_mb: float = DEFAULT_CACHE_MB
     block_size: int = 16
