@@ -7,10 +7,18 @@ import errno
 import re
 
 
+def escape_unprintable(text: str, keep: str = "") -> str:
+    """`text` with every character that is not printable (ESC, BEL, CR, newlines, other C0/C1 controls,
+    bidi overrides...) written as its Python escape (`\\x1b`, `\\r`, `\\u202e`), except those in `keep`."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c in keep else ascii(c)[1:-1] for c in text)
+
+
 def one_line(text: str) -> str:
     """`text` with control characters (newlines, terminal escapes) written as escapes: a message that
     quotes a file's bytes (a key, a tensor name) stays one line and cannot drive the terminal."""
-    return "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in text)
+    return escape_unprintable(text)
 
 
 class LocalLLMError(Exception):

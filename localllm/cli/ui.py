@@ -20,6 +20,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from ..errors import escape_unprintable
+
 _UNWRAPPED_WIDTH = 1 << 14  # the width rich lays out for when writing to a file: no line is cut
 
 
@@ -27,11 +29,7 @@ def terminal_safe(text: Any, keep_newlines: bool = False) -> str:
     """`text` with every character that is not printable (ESC, BEL, CR, other C0/C1 controls, bidi
     overrides...) written as its Python escape (`\\x1b`, `\\r`, `\\u202e`); newlines and tabs too,
     unless `keep_newlines` (multi-line text such as a chat template)."""
-    text = str(text)
-    kept = "\n\t" if keep_newlines else ""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or c in kept else ascii(c)[1:-1] for c in text)
+    return escape_unprintable(str(text), "\n\t" if keep_newlines else "")
 
 
 def markup_safe(text: Any, keep_newlines: bool = False) -> str:

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..gguf import GGUFWriter
-from ..gguf.writer import require_directory
+from ..gguf.writer import check_new_output
 from ..gguf.constants import ValueType
 from .checkpoint import Checkpoint
 from .errors import ConversionError
@@ -40,7 +40,7 @@ def convert_checkpoint(model_dir, output_path, out_type: str = "F32", progress: 
     out_type = out_type.upper()
     if out_type not in OUT_TYPES:
         raise ConversionError(f"output type {out_type!r} is not supported (choose from {', '.join(OUT_TYPES)})")
-    _check_output(Path(output_path), force)
+    check_new_output(Path(output_path), force, ConversionError)  # before anything is read
     ckpt = Checkpoint(Path(model_dir))
     family = family_for(ckpt.config)
     vocab = vocab_metadata(ckpt.dir, family, family.config.get("vocab_size"))
@@ -58,16 +58,6 @@ def convert_checkpoint(model_dir, output_path, out_type: str = "F32", progress: 
                 progress(entry.name, index, len(plan))
             out.write_tensor(entry.name, _stored(entry.read(), entry.ggml_type))
     return output_path
-
-
-def _check_output(output_path: Path, force: bool) -> None:
-    """Refused before anything is read: a directory, an existing file without `force`, or a file in a
-    directory that does not exist (not created)."""
-    if output_path.is_dir():
-        raise ConversionError(f"{output_path} is a directory; give the output file's name")
-    if output_path.exists() and not force:
-        raise ConversionError(f"{output_path} already exists (use --force to overwrite it)")
-    require_directory(output_path.parent)
 
 
 def _write_metadata(writer: GGUFWriter, ckpt: Checkpoint, family: Family, vocab, out_type: str) -> None:

@@ -298,6 +298,17 @@ class TensorStream:
                 pass
 
 
+def check_new_output(output_path: Path, force: bool, error=ValueError) -> None:
+    """Refuse, before anything is read (raising `error` with one line): an output that is a directory, an
+    existing file without `force`, or one in a directory that does not exist (never created: as
+    llama-quantize)."""
+    if output_path.is_dir():
+        raise error(f"{output_path} is a directory; give the output file's name")
+    if output_path.exists() and not force:
+        raise error(f"{output_path} already exists (use --force to overwrite it)")
+    require_directory(output_path.parent)
+
+
 def require_directory(directory: Path) -> None:
     """The output's directory must exist (as a directory): writing into a mistyped path is an error."""
     if not directory.is_dir():

@@ -25,7 +25,7 @@ import numpy as np
 from .. import quant
 from ..errors import InsufficientDiskSpace
 from ..gguf import GGUFReader
-from ..gguf.writer import require_directory
+from ..gguf.writer import check_new_output
 from .plan import QuantizePlan, TensorPlan, make_plan, resolve_file_type
 from .recipes import QuantizeError
 
@@ -48,11 +48,7 @@ def check_output(input_path: Path, output_path: Path, force: bool) -> None:
     `force`, or one in a directory that does not exist (never created: as llama-quantize)."""
     if output_path.exists() and output_path.resolve() == input_path.resolve():
         raise QuantizeError(f"{output_path}: the output would overwrite the input")
-    if output_path.is_dir():
-        raise QuantizeError(f"{output_path} is a directory; give the output file's name")
-    if output_path.exists() and not force:
-        raise QuantizeError(f"{output_path} already exists (use --force to overwrite it)")
-    require_directory(output_path.parent)
+    check_new_output(output_path, force, QuantizeError)
 
 
 def quantize_file(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from ..errors import one_line
+
 _TOKENS = "localllm.tokens"  # key in the ASGI scope's "state": an object with n_prompt and n_generated
 
 
@@ -21,13 +23,9 @@ def note_tokens(request, counts) -> None:
     request.scope.setdefault("state", {})[_TOKENS] = counts
 
 
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
 def format_line(method: str, path: str, status: int, counts, seconds: float) -> str:
     tokens = f"  in {counts.n_prompt}  out {counts.n_generated}" if counts is not None else ""
-    return f"{_printable(method)} {_printable(path)} {status}{tokens}  {seconds:.3f} s"
+    return f"{one_line(method)} {one_line(path)} {status}{tokens}  {seconds:.3f} s"
 
 
 class AccessLog:
