@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Write (or check) the bit-exact fingerprint of Gemma 3 270M's logits on the reference prompts.
+
+    python scripts/golden_logits.py --write tests/data/golden/gemma_logits.json   # record today's bits
+    python scripts/golden_logits.py --check tests/data/golden/gemma_logits.json   # compare
+
+A restructure of the kernels must not change a single bit of what the model computes. For each of the
+three reference prompts (tests/data/reference/gemma-3-270m) this runs, on one model and cache:
+- the prompt as one batch (its last position's logits: the prefill path, BLAS attention for p3's 288 rows);
+- llama.cpp's first 8 greedy tokens fed back one at a time (the decode path: one-row kernels);
+- the same 8 tokens again as one batch of 8 rows, all logits kept (the multi-row kernels);
+and records the sha256 of each row's float32 logits (262,144 values), with its top-5 token ids to say
+where a changed row went. Rows are grouped under the host's vector instruction set ("avx512_vnni",
+"avx2" or "generic"): the packed Q4_K layout exists only with AVX-512 VNNI, and although it is meant to
+give the same bits, a fingerprint is only ever compared with one taken on the same kind of target.
+Thread counts 1 and 2 are both run and must agree (a row's result does not depend on the split).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "gemma-3-270m" / "reference.json"
+FORCED = 8
+
+
+def vector_isa() -> str:
+    """The kind of vector target Numba compiles for on this host (its features, as LLVM reports them)."""
+    import llvmlite.binding as llvm
+
+    from numba.core import config
+
+    features = config.CPU_FEATURES if config.CPU_FEATURES else llvm.get_host_cpu_features().flatten()
+    enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
+    if {"avx512vnni", "avx512bw"} <= enabled:
+        return "avx512_vnni"
+    if "avx2" in enabled:
+        return "avx2"
+    return "generic"
+
+
+def row_print(row: np.ndarray) -> dict:
+    row = np.ascontiguousarray(row, dtype=np.float32)
+    return {"sha256": hashlib.sha256(row.tobytes()).hexdigest(), "top5": [int(i) for i in np.argsort(-row, kind="stable")[:5]]}
+
+
+def fingerprint(threads: int) -> dict:
+    """{prompt name: [row prints]} for one model loaded with `threads`."""
+    import localllm
+
+    reference = json.loads(REFERENCE.read_text())["prompts"]
+    model = localllm.load(n_ctx=1024, threads=threads)
+    prints = {}
+    for name in sorted(reference):
+        case = reference[name]
+        prompt = np.array(case["prompt_ids"], dtype=np.int32)
+        forced = np.array(case["greedy_ids"][:FORCED], dtype=np.int32)
+        decoder = model.decoder
+        session = model.new_session()
+        rows = [decoder.forward(prompt, 0, session.cache)[-1].copy()]
+        pos = len(prompt)
+        for token in forced:
+            rows.append(decoder.forward(np.array([token], dtype=np.int32), pos, session.cache)[0].copy())
+            pos += 1
+        batch = model.new_session()
+        decoder.forward(prompt, 0, batch.cache)
+        rows.extend(decoder.forward(forced, len(prompt), batch.cache, all_logits=True).copy())
+        prints[name] = [row_print(r) for r in rows]
+    return prints
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write", type=Path)
+    group.add_argument("--check", type=Path)
+    args = parser.parse_args()
+    one, two = fingerprint(1), fingerprint(2)
+    if one != two:
+        print("the logits differ between 1 and 2 threads", file=sys.stderr)
+        return 1
+    isa = vector_isa()
+    if args.write:
+        data = json.loads(args.write.read_text()) if args.write.exists() else {}
+        data[isa] = two
+        args.write.parent.mkdir(parents=True, exist_ok=True)
+        args.write.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        print(f"wrote the {isa} fingerprint to {args.write}")
+        return 0
+    expected = json.loads(args.check.read_text())[isa]
+    changed = [(name, i) for name in expected for i, (a, b) in enumerate(zip(expected[name], two[name])) if a != b]
+    print("identical" if not changed else f"changed rows: {changed}")
+    return 0 if not changed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
