@@ -224,17 +224,17 @@ class Model:
         """Render `messages` to prompt ids that leave `reserve` tokens of room in the context.
 
         Without `shift` an oversized conversation raises ContextOverflow (never silent truncation). With it,
-        the oldest turns after the system prompt are dropped, whole messages at a time, keeping the first
-        tokens (system prompt) and the newest user message."""
-        messages = list(messages)
-        while True:
+        the oldest turns after the system prompt are dropped, whole (a user message with its replies: the
+        rule of chat/history.py, as `localllm chat`), keeping the system prompt and the newest turn."""
+        from .chat.history import drop_oldest_turns
+
+        what = "conversation (with room for the reply)"
+        if not shift:
             ids = self.render_chat(messages)
-            if len(ids) + reserve < self.n_ctx:
-                return ids
-            first = 1 if messages and messages[0].get("role") == "system" else 0
-            if not shift or len(messages) - first <= 1:
-                raise ContextOverflow(len(ids) + reserve, self.n_ctx, "conversation (with room for the reply)")
-            del messages[first]
+            if len(ids) + reserve >= self.n_ctx:
+                raise ContextOverflow(len(ids) + reserve, self.n_ctx, what)
+            return ids
+        return drop_oldest_turns(list(messages), self.render_chat, self.n_ctx, reserve, what)[0]
 
     def logits(self, tokens, session: Optional[Session] = None) -> np.ndarray:
         """Logits at every position of `tokens`, evaluated from position 0 in one batched pass."""

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Iterator, Optional
 
-from ..errors import ContextOverflow, LocalLLMError
+from ..errors import LocalLLMError
 from ..generate import Event, Timings, common_prefix
+from .history import drop_oldest_turns
 
 SAVE_FORMAT = "localllm-chat/1"
 # Warn once the conversation fills this share of the context (the next turns may not fit).
@@ -156,8 +157,7 @@ class Conversation:
 
     def _reply(self) -> Iterator[Event]:
         reserve = min(self.settings.max_tokens, self.model.n_ctx // 4)
-        dropped = self._fit(reserve)
-        prompt = self.model.render_chat(self.messages)
+        prompt, dropped = self._fit(reserve)
         self._prefill_start = min(common_prefix(self.session.tokens, prompt), len(prompt) - 1)
         reply = {"role": "assistant", "content": ""}
         self.messages.append(reply)
@@ -177,25 +177,15 @@ class Conversation:
         finally:
             stream.close()
 
-    def _fit(self, reserve: int) -> int:
-        """Drop the oldest turns (never the system prompt or the newest message) until the conversation
-        plus `reserve` tokens fits; returns how many messages went. ContextOverflow if even the newest
-        message alone does not fit."""
-        first = 1 if self.system is not None else 0
-        dropped = 0
-        while len(self.model.render_chat(self.messages)) + reserve >= self.model.n_ctx:
-            if len(self.messages) - first <= 1:
-                raise ContextOverflow(len(self.model.render_chat(self.messages)) + reserve, self.model.n_ctx,
-                                      "this message (with room for the reply)")
-            del self.messages[first]
-            dropped += 1
-            # whole turns go: templates want user/assistant alternation after the system prompt
-            while len(self.messages) - first > 1 and self.messages[first]["role"] == "assistant":
-                del self.messages[first]
-                dropped += 1
+    def _fit(self, reserve: int) -> tuple[list[int], int]:
+        """Drop the oldest turns (chat/history.py: whole turns, never the system prompt or the newest
+        message) until the conversation plus `reserve` tokens fits; returns the prompt ids and how many
+        messages went. ContextOverflow if even the newest message alone does not fit."""
+        prompt, dropped = drop_oldest_turns(self.messages, self.model.render_chat, self.model.n_ctx, reserve,
+                                            "this message (with room for the reply)")
         if dropped:
             self.session.reset()  # the cached prefix no longer matches the conversation's start
-        return dropped
+        return prompt, dropped
 
     def set_context(self, n_ctx: int) -> None:
         """Use a context of n_ctx tokens from the next turn on; the messages stay (the oldest are dropped at
