@@ -1,4 +1,5 @@
-"""Token sampling: logits -> the next token id; log-probabilities; stop strings.
+"""Token sampling: logits -> the next token id; log-probabilities; stop strings. The settings (SamplingConfig,
+its defaults and ranges) are localllm/sampling_config.py, re-exported here.
 
 The chain is llama.cpp's default order (common/sampling.cpp), each step working on the candidates the
 previous one left:
@@ -29,96 +30,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import LocalLLMError
+from .sampling_config import SamplingConfig, SamplingError, is_int, require
+
+__all__ = ["SamplingConfig", "SamplingError", "Sampler", "StopMatcher", "logprobs"]
 
 # Above this many candidates, top-p sorts progressively (largest first) instead of sorting them all.
 _PARTIAL_SORT_START = 1024
-
-
-class SamplingError(LocalLLMError, ValueError):
-    """A sampling option out of range, or logits that cannot be sampled from.
-
-    Also a ValueError, so option parsers that report ValueErrors as bad parameters report these too."""
-
-
-def _require(ok: bool, name: str, allowed: str, value) -> None:
-    if not ok:
-        raise SamplingError(f"{name} must be {allowed} (got {value!r})")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
-@dataclass
-class SamplingConfig:
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    logit_bias: dict[int, float] | None = None
-    seed: int | None = None
-    max_tokens: int = 256  # the generation loop's; the Sampler does not read it
-    stop: list[str] | None = None
-
-    def __post_init__(self):
-        def number(name: str, low: float, high: float, allowed: str) -> None:
-            value = getattr(self, name)
-            _require(_is_number(value) and math.isfinite(value) and low <= value <= high, name, allowed, value)
-
-        number("temperature", 0.0, math.inf, "a number >= 0 (0 = greedy)")
-        number("top_p", 0.0, 1.0, "between 0 and 1 (1 = off)")
-        number("min_p", 0.0, 1.0, "between 0 and 1 (0 = off)")
-        number("typical_p", 0.0, 1.0, "between 0 and 1 (1 = off)")
-        number("repeat_penalty", 1e-6, math.inf, "a number > 0 (1 = off)")
-        number("frequency_penalty", -2.0, 2.0, "between -2 and 2 (0 = off)")
-        number("presence_penalty", -2.0, 2.0, "between -2 and 2 (0 = off)")
-        _require(_is_int(self.top_k) and self.top_k >= 0, "top_k", "an integer >= 0 (0 = off)", self.top_k)
-        _require(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1, "repeat_last_n",
-                 "an integer >= -1 (-1 = the whole history, 0 = off)", self.repeat_last_n)
-        _require(_is_int(self.max_tokens) and self.max_tokens >= 0, "max_tokens", "an integer >= 0", self.max_tokens)
-        _require(self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**64), "seed",
-                 "None or an integer between 0 and 2**64 - 1", self.seed)
-        self.logit_bias = self._checked_logit_bias(self.logit_bias)
-        self.stop = self._checked_stop(self.stop)
-
-    @staticmethod
-    def _checked_logit_bias(bias) -> dict[int, float] | None:
-        """{token id: bias}; ids may be given as decimal strings (JSON objects have string keys)."""
-        if bias is None:
-            return None
-        _require(isinstance(bias, dict), "logit_bias", "a dict {token id: bias}", bias)
-        checked = {}
-        for key, value in bias.items():
-            token = int(key) if isinstance(key, str) and key.strip().lstrip("-").isdigit() else key
-            _require(_is_int(token) and token >= 0, "logit_bias", "keyed by token ids >= 0", key)
-            _require(_is_number(value) and (math.isfinite(value) or value == -math.inf), "logit_bias",
-                     "finite numbers, or -inf to ban a token", value)
-            checked[int(token)] = float(value)
-        return checked
-
-    @staticmethod
-    def _checked_stop(stop) -> list[str] | None:
-        if stop is None:
-            return None
-        if isinstance(stop, str):
-            stop = [stop]
-        stop = list(stop)
-        _require(all(isinstance(s, str) for s in stop), "stop", "a list of strings", stop)
-        return stop
 
 
 # -- the chain's steps, on candidate arrays (ids, logits) -------------------------------------------------
@@ -183,14 +103,14 @@ class Sampler:
     """Picks next tokens with one SamplingConfig; owns its random generator (seeded: reproducible)."""
 
     def __init__(self, config: SamplingConfig, n_vocab: int):
-        _require(_is_int(n_vocab) and n_vocab > 0, "n_vocab", "a positive integer", n_vocab)
+        require(is_int(n_vocab) and n_vocab > 0, "n_vocab", "a positive integer", n_vocab)
         self.config = config
         self.n_vocab = int(n_vocab)
         # PCG64(None) draws its seed from the OS's entropy source.
         self.rng = np.random.Generator(np.random.PCG64(config.seed))
         bias = config.logit_bias or {}
         too_large = [t for t in bias if t >= self.n_vocab]
-        _require(not too_large, "logit_bias", f"keyed by token ids < {self.n_vocab} (the vocabulary size)", too_large[:5])
+        require(not too_large, "logit_bias", f"keyed by token ids < {self.n_vocab} (the vocabulary size)", too_large[:5])
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
 
@@ -291,8 +211,8 @@ def logprobs(logits: np.ndarray, token: int, top_n: int) -> tuple[float, list[tu
     x = np.asarray(logits)
     if x.ndim != 1 or x.size == 0:
         raise SamplingError(f"logits must be a non-empty 1-D array, got shape {x.shape}")
-    _require(_is_int(token) and 0 <= token < x.size, "token", f"an id between 0 and {x.size - 1}", token)
-    _require(_is_int(top_n) and top_n >= 0, "top_n", "an integer >= 0", top_n)
+    require(is_int(token) and 0 <= token < x.size, "token", f"an id between 0 and {x.size - 1}", token)
+    require(is_int(top_n) and top_n >= 0, "top_n", "an integer >= 0", top_n)
     peak = float(np.max(x))
     log_normalizer = peak + math.log(float(np.exp(x - np.float32(peak), dtype=np.float32).sum(dtype=np.float64)))
     chosen = float(x[token]) - log_normalizer

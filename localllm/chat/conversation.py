@@ -21,6 +21,7 @@ from typing import Iterator, Optional
 
 from ..errors import LocalLLMError
 from ..generate import Event, Timings, common_prefix
+from ..sampling_config import SamplingConfig
 from .history import drop_oldest_turns
 
 SAVE_FORMAT = "localllm-chat/1"
@@ -30,12 +31,13 @@ WARN_SHARE = 0.75
 
 @dataclass
 class ChatSettings:
-    """The settings `/set` changes; sampling ones go to SamplingConfig unchanged."""
+    """The settings `/set` changes; sampling ones go to SamplingConfig unchanged (and start from its
+    defaults: a dataclass field's default is its class attribute)."""
 
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
+    temperature: float = SamplingConfig.temperature
+    top_k: int = SamplingConfig.top_k
+    top_p: float = SamplingConfig.top_p
+    min_p: float = SamplingConfig.min_p
     # None: the model's chat default (Model.chat_repeat_penalty: 1.1 for a base model's transcript, else 1.0)
     repeat_penalty: Optional[float] = None
     seed: Optional[int] = None
@@ -46,8 +48,6 @@ class ChatSettings:
 
     def sampling(self, default_repeat_penalty: float = 1.0):
         """The SamplingConfig; `default_repeat_penalty` stands in for a repeat_penalty left unset."""
-        from ..sampling import SamplingConfig
-
         values = {name: getattr(self, name) for name in self.SAMPLING}
         if values["repeat_penalty"] is None:
             values["repeat_penalty"] = default_repeat_penalty

@@ -6,6 +6,8 @@ from typing import List, Optional
 
 import typer
 
+from ..sampling_config import SamplingConfig  # no NumPy: cheap enough for every command's start
+
 Model = typer.Argument(None, help="Model path or name (default: the built-in Gemma 3 270M).")
 Threads = typer.Option(
     None, "--threads", "-t", help="CPU threads (default: physical cores).", envvar="LOCALLLM_THREADS", min=1
@@ -29,11 +31,12 @@ Ctx = typer.Option(
     None, "--ctx", "-c", help="Context size in tokens (default: 4096, or the model's trained length if shorter).",
     envvar="LOCALLLM_CTX", min=16,
 )
-MaxTokens = typer.Option(256, "--max-tokens", "-n", help="Stop after this many generated tokens.")
-Temperature = typer.Option(0.8, "--temperature", help="0 = greedy.")
-TopK = typer.Option(40, "--top-k")
-TopP = typer.Option(0.95, "--top-p")
-MinP = typer.Option(0.05, "--min-p")
+# Sampling options default to SamplingConfig's defaults (a dataclass field's default is its class attribute).
+MaxTokens = typer.Option(SamplingConfig.max_tokens, "--max-tokens", "-n", help="Stop after this many generated tokens.")
+Temperature = typer.Option(SamplingConfig.temperature, "--temperature", help="0 = greedy.")
+TopK = typer.Option(SamplingConfig.top_k, "--top-k")
+TopP = typer.Option(SamplingConfig.top_p, "--top-p")
+MinP = typer.Option(SamplingConfig.min_p, "--min-p")
 RepeatPenalty = typer.Option(
     None, "--repeat-penalty", help="1 = off (default: off; 1.1 when a base model chats through the transcript).",
     show_default=False,
@@ -43,10 +46,8 @@ Stop = typer.Option(None, "--stop", help="Stop string (repeatable).")
 
 
 def sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop: Optional[List[str]]):
-    """The SamplingConfig of the options; repeat_penalty None (not given) means 1.0 (off)."""
-    from ..sampling import SamplingConfig
-
-    repeat_penalty = 1.0 if repeat_penalty is None else repeat_penalty
+    """The SamplingConfig of the options; repeat_penalty None (not given) means SamplingConfig's (1.0: off)."""
+    repeat_penalty = SamplingConfig.repeat_penalty if repeat_penalty is None else repeat_penalty
     try:
         return SamplingConfig(
             temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
