@@ -1,4 +1,5 @@
-"""Hyperparameters every decoder-only architecture shares, read from `<arch>.*` GGUF keys.
+"""Hyperparameters every decoder-only architecture shares, read from `<arch>.*` GGUF keys: the one reader
+of them (load's HParams, the quantize plan's model shape and `localllm show`'s summary all read here).
 
 Every value is type- and range-checked here through the metadata's checked accessors
 (localllm/gguf/metadata.py): a wrong-typed or out-of-range key is a GGUFError naming it, at load,
@@ -8,8 +9,10 @@ before anything is sized or divided by it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Optional
 
 from ..errors import GGUFError
+from ..gguf.metadata import REQUIRED
 
 # Upper bounds far above any real model (Llama 3.1 405B: 126 layers, 16,384 wide, 53,248 feed-forward,
 # 128 heads) that keep a hostile header from sizing loops and buffers: the tensor shapes are checked
@@ -19,6 +22,72 @@ MAX_WIDTH = 1 << 20  # embedding and feed-forward lengths, head dimension
 MAX_HEADS = 4096
 MAX_CONTEXT = (1 << 31) - 1  # positions are int32
 ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama.cpp's names
+
+
+@dataclass(frozen=True)
+class CountKey:
+    """An integer `<arch>.<suffix>` key and the range load accepts; `per_layer`: an integer array (some
+    files store head counts per layer) counts as its largest entry."""
+
+    suffix: str
+    low: int
+    high: Optional[int]  # None: no upper bound
+    per_layer: bool = True
+
+
+# The integer hyperparameter keys, by HParams field name, with the range load accepts. Read checked by
+# HParams (load) and the quantize plan, leniently by `localllm show` (model/info.py). (archs/gemma3.py
+# reads sliding_window with this range, api.trained_context and perplexity context_length with min 1,
+# themselves.)
+COUNT_KEYS = {
+    "n_embd": CountKey("embedding_length", 1, MAX_WIDTH),
+    "n_layer": CountKey("block_count", 1, MAX_LAYERS),
+    "n_head": CountKey("attention.head_count", 1, MAX_HEADS),
+    "n_head_kv": CountKey("attention.head_count_kv", 1, MAX_HEADS),
+    "head_dim": CountKey("attention.key_length", 1, MAX_WIDTH),
+    "n_ff": CountKey("feed_forward_length", 1, MAX_WIDTH),
+    "n_rot": CountKey("rope.dimension_count", 1, MAX_WIDTH),
+    "context_length": CountKey("context_length", 1, MAX_CONTEXT, per_layer=False),
+    "n_expert": CountKey("expert_count", 0, MAX_HEADS),  # mixture of experts (0: none); the heads' bound
+    "sliding_window": CountKey("attention.sliding_window", 0, None, per_layer=False),  # 0: none
+}
+ROPE_BASE_KEY = "rope.freq_base"
+
+
+def read_count(reader, name: str, default=REQUIRED) -> int:
+    """The integer hyperparameter `name` (a COUNT_KEYS field) as load checks it: a GGUFError naming the key
+    when it is missing (without `default`), wrong-typed or out of range."""
+    spec = COUNT_KEYS[name]
+    return reader.metadata.get_int(reader.arch_key(spec.suffix), default, min=spec.low, max=spec.high,
+                                   per_layer=spec.per_layer)
+
+
+def peek_count(reader, name: str) -> Optional[int]:
+    """The integer hyperparameter `name` as the file states it, for display of a file that may not load:
+    None when absent, any integer >= 0, a per-layer array as its largest entry; only a wrong type (or a
+    negative value) is the GGUFError that load would raise, naming the key."""
+    return reader.metadata.get_int(reader.arch_key(COUNT_KEYS[name].suffix), None, min=0, per_layer=True)
+
+
+def summary(reader) -> dict[str, Any]:
+    """The hyperparameters `localllm show` prints (keys documented in docs/cli.md), read leniently
+    (peek_count): null when absent, so that a file that cannot load is still described."""
+    n_head = peek_count(reader, "n_head")
+    n_embd = peek_count(reader, "n_embd")
+    head_dim = peek_count(reader, "head_dim")
+    if head_dim is None and n_head:
+        head_dim = n_embd // n_head if n_embd else None
+    return {
+        "context_length": peek_count(reader, "context_length"),
+        "n_layers": peek_count(reader, "n_layer"),
+        "n_embd": n_embd,
+        "n_ff": peek_count(reader, "n_ff"),
+        "n_head": n_head,
+        "n_head_kv": peek_count(reader, "n_head_kv") or n_head,
+        "head_dim": head_dim,
+        "sliding_window": peek_count(reader, "sliding_window"),
+        "rope_freq_base": reader.metadata.get_float(reader.arch_key(ROPE_BASE_KEY), None),
+    }
 
 
 @dataclass
@@ -39,29 +108,22 @@ class HParams:
     @classmethod
     def from_reader(cls, reader, n_vocab: int) -> "HParams":
         meta, key = reader.metadata, reader.arch_key
-
-        def count(suffix: str, high: int, default=...):
-            # Some files store head counts (and other sizes) per layer; every architecture here uses one value.
-            if default is ...:
-                return meta.get_int(key(suffix), min=1, max=high, per_layer=True)
-            return meta.get_int(key(suffix), default, min=1, max=high, per_layer=True)
-
-        n_embd = count("embedding_length", MAX_WIDTH)
-        n_head = count("attention.head_count", MAX_HEADS)
-        head_dim = count("attention.key_length", MAX_WIDTH, default=max(1, n_embd // n_head))
+        n_embd = read_count(reader, "n_embd")
+        n_head = read_count(reader, "n_head")
+        head_dim = read_count(reader, "head_dim", max(1, n_embd // n_head))
         params = cls(
             n_vocab=n_vocab,
             n_embd=n_embd,
-            n_layer=count("block_count", MAX_LAYERS),
+            n_layer=read_count(reader, "n_layer"),
             n_head=n_head,
-            n_head_kv=count("attention.head_count_kv", MAX_HEADS, default=n_head),
+            n_head_kv=read_count(reader, "n_head_kv", n_head),
             head_dim=head_dim,
-            n_ff=count("feed_forward_length", MAX_WIDTH),
-            n_rot=count("rope.dimension_count", MAX_WIDTH, default=head_dim),
+            n_ff=read_count(reader, "n_ff"),
+            n_rot=read_count(reader, "n_rot", head_dim),
             eps=meta.get_float(key("attention.layer_norm_rms_epsilon"), above=0.0, below=1.0),
-            rope_base=meta.get_float(key("rope.freq_base"), 10000.0, above=0.0),
+            rope_base=meta.get_float(key(ROPE_BASE_KEY), 10000.0, above=0.0),
             rope_freq_scale=_rope_freq_scale(meta, key),
-            context_length=meta.get_int(key("context_length"), min=1, max=MAX_CONTEXT),
+            context_length=read_count(reader, "context_length"),
         )
         params.validate(reader.path)
         return params

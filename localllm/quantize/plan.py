@@ -13,8 +13,7 @@ from typing import Optional
 from .. import quant
 from ..errors import UnsupportedArchitecture, UnsupportedQuantType
 from ..gguf import GGUFReader, GGUFWriter
-from ..gguf.metadata import REQUIRED
-from ..model.hparams import MAX_HEADS, MAX_LAYERS
+from ..model.hparams import read_count
 from ..gguf.constants import GGML_TYPES_BY_NAME, ValueType
 from ..model.archs import ARCHITECTURES
 from .recipes import FILE_TYPES, UNQUANTIZED, ModelShape, QuantizeError, TensorSpec, choose_types, fits
@@ -107,14 +106,10 @@ def model_shape(reader: GGUFReader) -> ModelShape:
             f"{reader.path}: cannot quantize architecture {arch!r} (supported: {', '.join(sorted(ARCHITECTURES))})"
         )
 
-    def count(suffix: str, default, low: int = 1) -> int:
-        # Checked as at load (model/hparams.py); per-layer arrays in some models count by their largest entry.
-        return meta.get_int(f"{arch}.{suffix}", default, min=low, max=MAX_LAYERS if suffix == "block_count" else MAX_HEADS,
-                            per_layer=True)
-
-    n_head = count("attention.head_count", 1)
-    return ModelShape(arch, count("block_count", REQUIRED), n_head, count("attention.head_count_kv", n_head),
-                      count("expert_count", 0, low=0))
+    # Checked as at load (model/hparams.py), n_head defaulting to 1: the recipes only need the counts.
+    n_head = read_count(reader, "n_head", 1)
+    return ModelShape(arch, read_count(reader, "n_layer"), n_head, read_count(reader, "n_head_kv", n_head),
+                      read_count(reader, "n_expert", 0))
 
 
 def make_plan(
