@@ -192,7 +192,7 @@ def _engine_events(model, prompts, max_tokens: int) -> list[list]:
     import asyncio
 
     from localllm.sampling import SamplingConfig
-    from localllm.server.engine import Engine, GenerationRequest
+    from localllm.engine.batching import Engine, GenerationRequest
 
     engine = Engine(model, parallel=len(prompts), cache_mb=4, prefill_chunk=CHUNK)
     loop = asyncio.new_event_loop()

@@ -16,7 +16,7 @@ import localllm
 from localllm.errors import LocalLLMError
 from localllm.generate import common_prefix
 from localllm.server import BackgroundServer, ServeOptions
-from localllm.server.engine import GenerationRequest, QueueFull
+from localllm.engine.batching import GenerationRequest, QueueFull
 from localllm.sampling import SamplingConfig
 
 N_CTX = 512

@@ -123,7 +123,7 @@ def test_a_wrong_value_is_quoted_short(logged):
 
 def test_a_cache_too_small_is_named_as_typed(model):
     from localllm.errors import LocalLLMError
-    from localllm.server.engine import Engine
+    from localllm.engine.batching import Engine
 
     with pytest.raises(LocalLLMError, match=r"^--cache-mb 0 holds fewer than 2 KV blocks of 16 tokens$"):
         Engine(model, cache_mb=0.0)  # typer hands --cache-mb over as a float

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
@@ -43,13 +44,19 @@ def block_key(parent: bytes, tokens) -> bytes:
     return digest.digest()
 
 
+def block_keys(tokens, block_size: int, end: int, first: int = 0,
+               parent: bytes = ROOT_KEY) -> Iterator[tuple[int, bytes]]:
+    """(i, key of block i) for the full blocks first..end-1 of `tokens`, chained from `parent` (the key of
+    block first-1; ROOT_KEY for block 0). The prefix-key walk of every user: lazy, so a walk that stops at
+    the first block not cached hashes no further."""
+    for i in range(first, end):
+        parent = block_key(parent, tokens[i * block_size : (i + 1) * block_size])
+        yield i, parent
+
+
 def prefix_keys(tokens, block_size: int, n_blocks: int) -> list[bytes]:
     """Keys of the first n_blocks full blocks of `tokens`."""
-    keys, parent = [], ROOT_KEY
-    for i in range(n_blocks):
-        parent = block_key(parent, tokens[i * block_size : (i + 1) * block_size])
-        keys.append(parent)
-    return keys
+    return [key for _, key in block_keys(tokens, block_size, n_blocks)]
 
 
 @dataclass
@@ -131,9 +138,18 @@ class BlockPool:
         self.stats.hit_blocks += 1
         return block
 
-    def peek(self, key: bytes) -> int | None:
-        """The cached block for a prefix key, without taking a reference or counting a hit."""
-        return self._block_of.get(key)
+    def cached_prefix(self, tokens, limit: int) -> tuple[int, int]:
+        """(blocks, unreferenced): how many leading full blocks of tokens[:limit] are cached, and how many
+        of those sit in the LRU (a request that maps them takes them out of `available`). Looks only: no
+        reference taken, no hit counted."""
+        hits = unreferenced = 0
+        for _, key in block_keys(tokens, self.block_size, limit // self.block_size):
+            block = self._block_of.get(key)
+            if block is None:
+                break
+            hits += 1
+            unreferenced += self._refs[block] == 0
+        return hits, unreferenced
 
     def register(self, block: int, key: bytes) -> None:
         """Publish a full block under its prefix key (a no-op if that prefix is already cached)."""
@@ -191,14 +207,12 @@ class SequenceBlocks:
     def attach_prefix(self, pool: BlockPool, tokens, limit: int) -> int:
         """Map the longest cached prefix of tokens[:limit] (whole blocks); returns the tokens covered."""
         bs = pool.block_size
-        parent = ROOT_KEY
-        for i in range(limit // bs):
-            parent = block_key(parent, tokens[i * bs : (i + 1) * bs])
-            block = pool.lookup(parent)
+        for _, key in block_keys(tokens, bs, limit // bs):
+            block = pool.lookup(key)
             if block is None:
                 break
             self.table.append(block)
-            self.last_key = parent
+            self.last_key = key
         self.n_registered = len(self.table)
         return len(self.table) * bs
 
@@ -213,9 +227,9 @@ class SequenceBlocks:
     def publish(self, pool: BlockPool, tokens, n_filled: int) -> None:
         """Register every block now full of known tokens (tokens[:n_filled] have their K/V stored)."""
         bs = pool.block_size
-        for i in range(self.n_registered, n_filled // bs):
-            self.last_key = block_key(self.last_key, tokens[i * bs : (i + 1) * bs])
-            pool.register(self.table[i], self.last_key)
+        for i, key in block_keys(tokens, bs, n_filled // bs, first=self.n_registered, parent=self.last_key):
+            self.last_key = key
+            pool.register(self.table[i], key)
             self.n_registered = i + 1
 
     def free(self, pool: BlockPool) -> None:

@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..engine.batching import Engine, QueueFull
 from ..errors import ContextOverflow, LocalLLMError
 from . import protocol as p
 from .access_log import AccessLog, note_tokens
-from .engine import Engine, QueueFull
 from .metrics import render_metrics
 from .prepare import PromptPreparer
 

@@ -11,9 +11,9 @@ import time
 import uuid
 from typing import Any, Optional
 
+from ..engine.batching import GenerationRequest
 from ..errors import LocalLLMError
 from ..sampling import SamplingConfig
-from .engine import GenerationRequest
 
 MAX_STOP_STRINGS = 4
 MAX_TOP_LOGPROBS = 20

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..engine.batching import DEFAULT_CACHE_MB, Engine
 from ..errors import LocalLLMError
 from .app import DEFAULT_MAX_BODY_BYTES, ServerConfig, create_app
-from .engine import DEFAULT_CACHE_MB, Engine
 
 @dataclass
 class ServeOptions:

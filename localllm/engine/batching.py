@@ -8,7 +8,9 @@ per step for all of them (Backend.matmul_segments): the prompt chunks of BLAS_MI
 a type without multi-row kernels, share each dequantized tile for their own BLAS products; the other
 chunks (every chunk, for the types with multi-row kernels) go through the row kernels in one call, each
 row as the row kernels compute it alone. Each sequence samples from its own logits with its own Sampler
-(own seed, penalties, stop strings), and its events go to the request's asyncio queue. A request cancelled by its
+(own seed, penalties), hands the token to its SequenceOutput (engine/sequence.py: the output path
+`generate` runs too: end of generation, logprobs, text, stop strings, limits), and its events go to the
+request's asyncio queue. A request cancelled by its
 client (stream closed) is dropped, and its blocks freed, at the start of the next step.
 
 Sequence results do not depend on the batch: decode rows are computed row by row with the one-row
@@ -30,16 +32,16 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ContextOverflow, LocalLLMError
-from ..generate import PREFILL_CHUNK, Event, Timings
-from ..model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks, block_key, ROOT_KEY
-from ..sampling import Sampler, SamplingConfig, StopMatcher, logprobs as compute_logprobs
+from ..model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks
+from ..sampling import Sampler, SamplingConfig
+from .sequence import PREFILL_CHUNK, Event, SequenceOutput, Timings
 
 DEFAULT_CACHE_MB = 512
 RATE_WINDOW_S = 10.0
 
 
 class QueueFull(LocalLLMError):
-    """The server's request queue is full (HTTP 503)."""
+    """The engine's request queue is full (the HTTP server answers 503)."""
 
 
 @dataclass
@@ -52,7 +54,7 @@ class GenerationRequest:
 
 
 class RequestHandle:
-    """The HTTP side of a request: its events arrive on an asyncio queue; cancel() drops it."""
+    """The caller's side of a request: its events arrive on an asyncio queue; cancel() drops it."""
 
     def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop, engine: "Engine"):
         self.request = request
@@ -83,22 +85,18 @@ class RequestHandle:
 class Sequence:
     """Engine-thread state of one admitted request."""
 
-    def __init__(self, handle: RequestHandle, tokenizer, n_vocab: int, blocks: SequenceBlocks, n_cached: int):
-        from ..tokenizer import StreamDecoder
-
+    def __init__(self, handle: RequestHandle, tokenizer, n_vocab: int, blocks: SequenceBlocks, n_cached: int,
+                 n_ctx: int):
         req = handle.request
         self.handle = handle
-        self.ids = list(req.prompt)
+        self.ids = list(req.prompt)  # prompt + generated tokens (the output path appends to it)
         self.n_prompt = len(req.prompt)
         self.n_past = n_cached  # tokens of self.ids whose K/V are in the cache
         self.blocks = blocks
         self.sampler = Sampler(req.sampling, n_vocab)
-        self.detok = StreamDecoder(tokenizer)
-        self.stops = StopMatcher(req.stop)
-        self.generated = 0
         self.timings = Timings(prompt_tokens=self.n_prompt, cached_tokens=n_cached)
-        self.t0 = time.perf_counter()
-        self.t_decode = self.t0
+        self.out = SequenceOutput(tokenizer, self.ids, max_tokens=req.max_tokens, n_ctx=n_ctx, timings=self.timings,
+                                  stop=req.stop, top_logprobs=req.top_logprobs)
 
     @property
     def decoding(self) -> bool:
@@ -130,7 +128,6 @@ class Engine:
         self._wake = threading.Condition()
         self._thread: Optional[threading.Thread] = None
         self._stopping = False
-        self._eog = set(self.tokenizer.eog_ids)
         self.stats = EngineStats()
         self.ready = threading.Event()  # set once a started engine has warmed up (start(warm_up=True))
         self.warm_up_error: Optional[Exception] = None
@@ -254,14 +251,7 @@ class Engine:
             handle = self._queue[0]
             prompt = handle.request.prompt
             limit = len(prompt) - 1  # the last prompt token always runs: its logits are needed
-            hits, lru_hits, parent = 0, 0, ROOT_KEY
-            for i in range(limit // bs):  # look, without taking references yet
-                parent = block_key(parent, prompt[i * bs : (i + 1) * bs])
-                block = self.pool.peek(parent)
-                if block is None:
-                    break
-                hits += 1
-                lru_hits += self.pool.refcount(block) == 0
+            hits, lru_hits = self.pool.cached_prefix(prompt, limit)  # look, without taking references yet
             total = -(-self._positions_needed(handle.request) // bs)
             if total - hits > self.pool.available - lru_hits:
                 return  # wait for blocks: a finishing sequence frees some
@@ -270,7 +260,7 @@ class Engine:
             n_cached = blocks.attach_prefix(self.pool, prompt, limit)
             blocks.reserved = total - len(blocks.table)
             self.pool.reserve(blocks.reserved)
-            seq = Sequence(handle, self.tokenizer, self.decoder.hp.n_vocab, blocks, n_cached)
+            seq = Sequence(handle, self.tokenizer, self.decoder.hp.n_vocab, blocks, n_cached, self.seq_ctx)
             self.stats.admitted(len(prompt), n_cached)
             self._active.append(seq)
 
@@ -310,40 +300,22 @@ class Engine:
             self._sample(runs[i], logits[row])
 
     def _sample(self, seq: Sequence, logits: np.ndarray) -> None:
-        """The body of generate_tokens' loop for one sequence: sample, emit, decide whether it ends."""
-        req = seq.handle.request
-        if req.max_tokens == 0:
-            return self._done(seq, "length")
-        token = seq.sampler.sample(logits, seq.ids)
-        if seq.generated == 0:
-            seq.timings.prompt_seconds = time.perf_counter() - seq.t0
-            seq.timings.time_to_first_token = seq.timings.prompt_seconds
-            seq.t_decode = time.perf_counter()
-        seq.generated += 1
-        seq.timings.generated_tokens += 1
-        self.stats.generated(1)
-        if token in self._eog:
-            return self._done(seq, "stop")
-        lp = top = None
-        if req.top_logprobs is not None:
-            lp, top = compute_logprobs(logits, token, req.top_logprobs)
-        seq.ids.append(token)
-        text, stopped = seq.stops.feed(seq.detok.feed(token))
-        seq.handle.push(Event("token", text=text, token=token, logprob=lp, top_logprobs=top))
-        if stopped:
-            return self._done(seq, "stop")
-        if req.max_tokens is not None and seq.generated >= req.max_tokens:
-            return self._done(seq, "length")
-        if seq.n_past + 1 >= self.seq_ctx:
-            return self._done(seq, "length")
+        """Sample seq's next token and deliver what it produces (engine/sequence.py decides)."""
+        out = seq.out
+        if out.finish is None:  # finished before sampling: max_tokens 0
+            token = seq.sampler.sample(logits, seq.ids)
+            event = out.accept(token, logits, seq.n_past)
+            if out.generated == 1:  # the prompt's time, for the server, runs until its first token
+                seq.timings.prompt_seconds = seq.timings.time_to_first_token
+            self.stats.generated(1)
+            if event is not None:
+                seq.handle.push(event)
+        if out.finish is not None:
+            self._done(seq)
 
-    def _done(self, seq: Sequence, finish: str) -> None:
-        tail, _ = seq.stops.feed(seq.detok.flush())
-        tail += seq.stops.flush() if finish != "stop" or not seq.stops.stopped else ""
-        if tail:
-            seq.handle.push(Event("token", text=tail))
-        seq.timings.generation_seconds = time.perf_counter() - seq.t_decode
-        seq.handle.push(Event("done", finish_reason=finish, timings=seq.timings))
+    def _done(self, seq: Sequence) -> None:
+        for event in seq.out.close():
+            seq.handle.push(event)
         self.stats.completed += 1
         self._finish(seq)
 
