@@ -37,8 +37,8 @@ class Weight:
 
 class Backend(ABC):
     name: str = "abstract"
-    # Buffers are host NumPy arrays that host code may index (np.take, views); False for a device
-    # backend, whose buffers only the ops touch (the server's batched decode needs True for now).
+    # Buffers are host NumPy arrays in this machine's memory (so api.check_context checks the KV cache
+    # against it); False for a device backend, whose buffers only the ops touch.
     host_buffers: bool = True
 
     def plan_memory(self, reader, memory, hp, ctx_given: bool) -> None:
@@ -96,6 +96,12 @@ class Backend(ABC):
         work between the segments (the CPU backend dequantizes each weight tile once for all)."""
         for a, b in zip(bounds[:-1], bounds[1:]):
             self.matmul(w, x[a:b], out[a:b], bias)
+
+    def take_rows(self, x, rows: np.ndarray, out) -> None:
+        """out[R, E] = x[rows[R], E]: gather rows of an activation buffer (the batched forward keeps the
+        row of each sequence that gives its logits). rows: host int32[R], each in 0..T-1. Host buffers:
+        np.take; a device backend overrides it."""
+        np.take(x, rows, axis=0, out=out)
 
     @abstractmethod
     def embed(self, w: Weight, ids: np.ndarray, out) -> None:

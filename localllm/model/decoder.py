@@ -14,40 +14,9 @@ import numpy as np
 
 from ..backends.base import Backend
 from ..errors import LocalLLMError
+from .buffers import BatchBuffers, Buffers
 from .hparams import HParams
 from .weights import BoundWeights, TensorSpec, bind_weights
-
-
-class Buffers:
-    """Activation buffers for a batch of T tokens, allocated once per T and reused."""
-
-    def __init__(self, ops: Backend, hp: HParams, n_tokens: int):
-        t, e, f, d = n_tokens, hp.n_embd, hp.n_ff, hp.head_dim
-        self.n_tokens = t
-        self.x = ops.alloc((t, e))  # residual stream
-        self.h = ops.alloc((t, e))  # normed input of a sub-block
-        self.q = ops.alloc((t, hp.n_head, d))
-        self.k = ops.alloc((t, hp.n_head_kv, d))
-        self.v = ops.alloc((t, hp.n_head_kv, d))
-        self.attn = ops.alloc((t, hp.n_head, d))
-        self.o = ops.alloc((t, e))  # output of a sub-block
-        self.gate = ops.alloc((t, f))
-        self.up = ops.alloc((t, f))
-        self.positions = np.zeros(t, dtype=np.int32)
-        # Leading rows computed one by one, each exactly as a T=1 step computes it (the decode rows of
-        # a multi-sequence step); 0 for a single-sequence forward.
-        self.n_rowwise = 0
-        # Bounds of the rows after those, cut by sequence (the prompt chunks of a server step), each
-        # chunk computed as it would be alone; None: one chunk.
-        self.segments = None
-
-    def head(self, n_tokens: int) -> "Buffers":
-        """The same buffers limited to their first n_tokens rows (views, no new memory)."""
-        view = object.__new__(Buffers)
-        for name, value in vars(self).items():
-            setattr(view, name, value[:n_tokens] if isinstance(value, np.ndarray) else value)
-        view.n_tokens = n_tokens
-        return view
 
 
 GIB = 1024**3
@@ -108,7 +77,7 @@ class Decoder:
         self.w: BoundWeights = bind_weights(reader, self.tensor_specs(), backend)
         self._buffers: dict[int, Buffers] = {}
         self._logits: dict[int, np.ndarray] = {}
-        self._batch: dict[str, object] = {}  # forward_batch's buffers, grown on demand
+        self._batch = BatchBuffers(backend, self.hp)  # forward_batch's buffers, grown on demand
 
     # -- what an architecture may override ----------------------------------------------------------
     def read_extra(self, reader) -> None:
@@ -267,7 +236,7 @@ class Decoder:
         from .kv_paged import PagedBatch
 
         n, n_out = len(layout.tokens), len(logit_rows)
-        b = self._batch_buffers(n, n_out)
+        b = self._batch.rows(n)
         b.positions[:] = layout.positions
         b.n_rowwise = layout.n_rowwise
         b.segments = self._prompt_segments(layout)
@@ -275,8 +244,8 @@ class Decoder:
         self.embed(layout.tokens, b)
         for il in range(self.hp.n_layer):
             self.block(il, b, 0, view)
-        last, normed, logits = (self._batch[k][:n_out] for k in ("last", "normed", "logits"))
-        np.take(b.x, logit_rows, axis=0, out=last)
+        last, normed, logits = self._batch.outputs(n_out)
+        self.ops.take_rows(b.x, logit_rows, last)
         self.ops.rms_norm(last, self.w["output_norm.weight"], self.hp.eps, normed)
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
         self.ops.matmul_rows(output, normed, logits)
@@ -290,19 +259,3 @@ class Decoder:
         if len(firsts) < 2:
             return None
         return tuple(f - layout.n_rowwise for f in firsts) + (len(layout.tokens) - layout.n_rowwise,)
-
-    def _batch_buffers(self, n_tokens: int, n_out: int) -> Buffers:
-        full = self._batch.get("buffers")
-        if full is None or full.n_tokens < n_tokens:
-            full = self._batch["buffers"] = Buffers(self.ops, self.hp, max(n_tokens, 16))
-            self._batch["views"] = {}
-        if self._batch.get("logits") is None or self._batch["logits"].shape[0] < n_out:
-            rows = max(n_out, 8)
-            self._batch["last"] = self.ops.alloc((rows, self.hp.n_embd))
-            self._batch["normed"] = self.ops.alloc((rows, self.hp.n_embd))
-            self._batch["logits"] = self.ops.alloc((rows, self.hp.n_vocab))
-        views = self._batch["views"]
-        view = views.get(n_tokens)
-        if view is None:
-            view = views[n_tokens] = full.head(n_tokens)
-        return view

@@ -207,6 +207,9 @@ class CUDABackend(Backend):
         gather[self._grid(ids.shape[0] * n_units)](w.data, w.n_in, n_units, self._ints(ids), out)
 
     # -- row and elementwise ops ---------------------------------------------------------------------------------
+    def take_rows(self, x, rows, out) -> None:
+        self._k.take_rows[self._grid(len(rows) * x.shape[1])](x, self._ints(rows), out)
+
     def rms_norm(self, x, weight, eps, out) -> None:
         d = weight.shape[0]
         rows = x.reshape(-1, d)

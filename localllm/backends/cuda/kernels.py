@@ -60,6 +60,16 @@ def fill_zero(flat):
 
 
 @cuda.jit
+def take_rows(x, rows, out):
+    """out float32[R, E] = x float32[T, E] rows rows[R] (int32[R], each in 0..T-1)."""
+    n_cols = x.shape[1]
+    for job in range(cuda.grid(1), rows.shape[0] * n_cols, cuda.gridsize(1)):
+        r = job // n_cols
+        c = job % n_cols
+        out[r, c] = x[rows[r], c]
+
+
+@cuda.jit
 def rms_norm(x, weight, eps, out):
     """x float32[R, D], weight float32[D] -> out float32[R, D] (may be x); one block per row. The sum of
     squares in float64, like the CPU backend; out = x * inv * weight in float32, in that order."""
