@@ -10,8 +10,8 @@ chunks (every chunk, for the types with multi-row kernels) go through the row ke
 row as the row kernels compute it alone. Each sequence samples from its own logits with its own Sampler
 (own seed, penalties), hands the token to its SequenceOutput (engine/sequence.py: the output path
 `generate` runs too: end of generation, logprobs, text, stop strings, limits), and its events go to the
-request's asyncio queue. A request cancelled by its
-client (stream closed) is dropped, and its blocks freed, at the start of the next step.
+request's asyncio queue. A request cancelled by its client (stream closed) is dropped, and its blocks
+freed, at the start of the next step. Nothing here knows HTTP: localllm.server is a front end to it.
 
 Sequence results do not depend on the batch: decode rows are computed row by row with the one-row
 kernels (Buffers.n_rowwise), and each prefill chunk is computed as if alone with the same chunking as
@@ -302,7 +302,7 @@ class Engine:
     def _sample(self, seq: Sequence, logits: np.ndarray) -> None:
         """Sample seq's next token and deliver what it produces (engine/sequence.py decides)."""
         out = seq.out
-        if out.finish is None:  # finished before sampling: max_tokens 0
+        if out.finish is None:  # (a request for 0 tokens is finished before its first)
             token = seq.sampler.sample(logits, seq.ids)
             event = out.accept(token, logits, seq.n_past)
             if out.generated == 1:  # the prompt's time, for the server, runs until its first token
