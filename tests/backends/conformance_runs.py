@@ -1,0 +1,146 @@
+"""The op calls of the backend conformance suite (test_conformance.py), written once against the Backend
+interface (localllm/backends/base.py): each takes host NumPy inputs, runs ops on a backend and returns
+host arrays. The CPU backend runs them in the test process; the CUDA backend under numba's simulator runs
+them in a child process (simulator_worker.py imports this module), so every function's arguments and
+results are plain picklable values. No reference arithmetic here: the test module computes that.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from localllm.backends import Weight
+
+
+def to_backend(backend, host: np.ndarray):
+    """A backend buffer holding a copy of `host`. The interface moves activations only through `alloc`
+    (zero-filled) and the ops, so a test fills the buffer itself: NumPy assignment where the backend's
+    buffers are host arrays, else the device array's copy_to_device (numba.cuda's arrays)."""
+    host = np.ascontiguousarray(host)
+    buffer = backend.alloc(host.shape, host.dtype)
+    if backend.host_buffers:
+        buffer[...] = host
+    else:
+        buffer.copy_to_device(host)
+    return buffer
+
+
+def _weight(backend, qtype: str, raw: np.ndarray, k: int) -> Weight:
+    """raw uint8[N, row_bytes] holding N rows of k values in qtype, uploaded (ggml shape: ne0 = k first)."""
+    return backend.upload(Weight("blk.0.conformance.weight", qtype, (k, raw.shape[0]), raw))
+
+
+def _product(backend, op, w, x, bias, *extra):
+    out = backend.alloc((x.shape[0], w.n_out))
+    op(w, to_backend(backend, x), out, *extra, bias)  # extra: matmul_segments' bounds
+    return backend.to_host(out).copy()
+
+
+def supports(backend, qtype: str) -> bool:
+    return bool(backend.supports(qtype))
+
+
+def matmul(backend, qtype, raw, k, batches, biases):
+    """matmul of each x float32[T, K] in `batches` (with the bias float32[N] or None at the same index)
+    through one uploaded weight, in order (a T=1 product twice: the first call may make a per-weight
+    plan that the second uses). Returns the outputs and the type the backend holds the weight in."""
+    w = _weight(backend, qtype, raw, k)
+    outs = [_product(backend, backend.matmul, w, x, bias) for x, bias in zip(batches, biases)]
+    return {"outs": outs, "held_as": w.qtype}
+
+
+def matmul_rows(backend, qtype, raw, k, x, bias):
+    """matmul_rows of x float32[T, K], and each of its rows alone as a T=1 matmul."""
+    w = _weight(backend, qtype, raw, k)
+    together = _product(backend, backend.matmul_rows, w, x, bias)
+    alone = [_product(backend, backend.matmul, w, x[t : t + 1], bias)[0] for t in range(x.shape[0])]
+    return {"together": together, "alone": np.array(alone), "held_as": w.qtype}
+
+
+def matmul_segments(backend, qtype, raw, k, x, bounds, bias):
+    """matmul_segments of x float32[T, K] cut at `bounds`, and each segment alone as a matmul."""
+    w = _weight(backend, qtype, raw, k)
+    together = _product(backend, backend.matmul_segments, w, x, bias, np.asarray(bounds))
+    alone = [_product(backend, backend.matmul, w, x[a:b], bias) for a, b in zip(bounds[:-1], bounds[1:])]
+    return {"together": together, "alone": np.concatenate(alone), "held_as": w.qtype}
+
+
+def embed(backend, qtype, raw, k, ids):
+    """Rows ids int32[T] of the matrix raw (N rows of k values in qtype): float32[T, k]."""
+    w = _weight(backend, qtype, raw, k)
+    out = backend.alloc((ids.shape[0], k))
+    backend.embed(w, ids, out)
+    return {"out": backend.to_host(out).copy(), "held_as": w.qtype}
+
+
+def rms_norm(backend, x, weight, eps, in_place):
+    """x float32[..., D] normalised row by row; in place (out is x) as the Q/K norms run, or not."""
+    src = to_backend(backend, x)
+    out = src if in_place else backend.alloc(x.shape)
+    backend.rms_norm(src, weight, eps, out)
+    return backend.to_host(out).copy()
+
+
+def rope(backend, x, positions, n_rot, base, neox, factors, freq_scale):
+    """x float32[T, H, D] rotated in place."""
+    buffer = to_backend(backend, x)
+    backend.rope(buffer, positions, n_rot, base, neox, factors, freq_scale)
+    return backend.to_host(buffer).copy()
+
+
+def attention(backend, q, cache_k, cache_v, start, scale, window):
+    """q float32[T, Hq, D] over the float16 caches [n_ctx, Hkv, D]: float32[T, Hq, D]."""
+    out = backend.alloc(q.shape)
+    backend.attention(to_backend(backend, q), to_backend(backend, cache_k), to_backend(backend, cache_v),
+                      start, scale, window, out)
+    return backend.to_host(out).copy()
+
+
+def kv_store(backend, k, v, n_ctx, start):
+    """k, v float32[T, Hkv, D] stored from position `start` into zero-filled float16 caches [n_ctx, Hkv, D]."""
+    cache_k, cache_v = backend.alloc((n_ctx, *k.shape[1:]), np.float16), backend.alloc((n_ctx, *k.shape[1:]), np.float16)
+    with np.errstate(over="ignore"):  # the tests store values past float16's range on purpose
+        backend.kv_store(cache_k, cache_v, to_backend(backend, k), to_backend(backend, v), start)
+    return {"k": backend.to_host(cache_k).copy(), "v": backend.to_host(cache_v).copy()}
+
+
+def paged(backend, q, k, v, cache_k, cache_v, layout, scale, window, contiguous):
+    """kv_store_paged of k, v float32[T, Hkv, D] into the paged caches float16[NB, BS, Hkv, D] at
+    layout.slots, then attention_paged of q float32[T, Hq, D]; and, for each sequence s, `attention` of its
+    rows on the contiguous cache contiguous[s] (float16[n, Hkv, D]: its keys in position order)."""
+    dev_k, dev_v = to_backend(backend, cache_k), to_backend(backend, cache_v)
+    backend.kv_store_paged(dev_k, dev_v, to_backend(backend, k), to_backend(backend, v), layout.slots)
+    out = backend.alloc(q.shape)
+    backend.attention_paged(to_backend(backend, q), dev_k, dev_v, layout, scale, window, out)
+    alone = []
+    for s, (keys, values) in enumerate(contiguous):
+        first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
+        alone.append(attention(backend, q[first : first + n], keys, values, int(layout.seq_start[s]), scale, window))
+    return {"k": backend.to_host(dev_k).copy(), "v": backend.to_host(dev_v).copy(),
+            "out": backend.to_host(out).copy(), "alone": np.concatenate(alone)}
+
+
+def gated_act(backend, gate, up, kind, in_place):
+    """act(gate) * up for gate, up float32[T, F]; in place (out is gate) as the decoder runs it, or not."""
+    src = to_backend(backend, gate)
+    out = src if in_place else backend.alloc(gate.shape)
+    backend.gated_act(src, to_backend(backend, up), out, kind)
+    return backend.to_host(out).copy()
+
+
+def add(backend, a, b, in_place):
+    """a + b for float32 arrays of one shape; in place (out is a) as the residual adds run, or not."""
+    dev_a = to_backend(backend, a)
+    out = dev_a if in_place else backend.alloc(a.shape)
+    backend.add(dev_a, to_backend(backend, b), out)
+    return backend.to_host(out).copy()
+
+
+def scale(backend, x, factor):
+    out = backend.alloc(x.shape)
+    backend.scale(to_backend(backend, x), factor, out)
+    return backend.to_host(out).copy()
+
+
+RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, embed, rms_norm, rope, attention,
+                                 kv_store, paged, gated_act, add, scale)}
