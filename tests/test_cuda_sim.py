@@ -1,4 +1,6 @@
-"""The CUDA backend's conformance checks (tests/cuda_checks.py) run in a child pytest process.
+"""The CUDA backend's checks beyond op conformance (tests/cuda_checks.py: upload of a type without a device
+kernel, embed's range check, whole models against the CPU backend) run in a child pytest process; the ops
+themselves are in tests/backends/test_conformance.py, which runs the CUDA backend in a child process too.
 
 Under numba's CUDA simulator by default: NUMBA_ENABLE_CUDASIM must be set before numba.cuda is first
 imported and must not leak into this process, whose CPU kernels JIT normally. With LOCALLLM_CUDA_FULL=1
@@ -20,7 +22,7 @@ import pytest
 TESTS = Path(__file__).parent
 
 
-def test_cuda_backend_conformance():
+def test_cuda_backend_checks():
     env = dict(os.environ)
     if env.get("LOCALLLM_CUDA_FULL") == "1":
         env.pop("NUMBA_ENABLE_CUDASIM", None)

@@ -65,6 +65,13 @@ def matmul_segments(backend, qtype, raw, k, x, bounds, bias):
     return {"together": together, "alone": np.concatenate(alone), "held_as": w.qtype}
 
 
+def take_rows(backend, x, rows):
+    """Rows rows int32[R] of the activation x float32[T, E]: float32[R, E]."""
+    out = backend.alloc((rows.shape[0], x.shape[1]))
+    backend.take_rows(to_backend(backend, x), rows, out)
+    return backend.to_host(out).copy()
+
+
 def embed(backend, qtype, raw, k, ids):
     """Rows ids int32[T] of the matrix raw (N rows of k values in qtype): float32[T, k]."""
     w = _weight(backend, qtype, raw, k)
@@ -142,5 +149,5 @@ def scale(backend, x, factor):
     return backend.to_host(out).copy()
 
 
-RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, embed, rms_norm, rope, attention,
+RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, take_rows, embed, rms_norm, rope, attention,
                                  kv_store, paged, gated_act, add, scale)}

@@ -210,6 +210,14 @@ def test_float16_and_bfloat16_decode_as_numpy_widens_them(targets, backend_name,
     assert_bits_equal(out[~nan], want[~nan], f"{backend_name} {qtype} decoding")
 
 
+@pytest.mark.parametrize("backend_name", BACKEND_NAMES)
+def test_take_rows_gathers_rows_exactly(targets, backend_name):
+    """The batched forward's gather of each sequence's last row: any order, repeats allowed."""
+    x = rng_for("take", backend_name).normal(0, 1, (7, 12)).astype(np.float32)
+    rows = np.array([3, 0, 6, 6], dtype=np.int32)
+    assert_bits_equal(targets[backend_name].run("take_rows", x=x, rows=rows), x[rows], f"{backend_name} take_rows")
+
+
 # ----- row ops -------------------------------------------------------------------------------------------------------
 
 
@@ -391,6 +399,27 @@ def test_scale_is_float32_multiplication(targets, backend_name, factor):
     x = rng_for("scale", backend_name).normal(0, 1, (7, 40)).astype(np.float32)
     got = targets[backend_name].run("scale", x=x, factor=factor)
     assert_bits_equal(got, x * np.float32(factor), f"{backend_name} scale")
+
+
+# ----- what the suite covers ----------------------------------------------------------------------------------
+
+# Each op of the interface -> the run (conformance_runs.RUNS) that calls it; the interface's other methods
+# (memory, kernels, steps) are not ops. A new op fails the test below until a run covers it.
+OPS_RUN_BY = {"matmul": "matmul", "matmul_rows": "matmul_rows", "matmul_segments": "matmul_segments",
+              "take_rows": "take_rows", "embed": "embed", "rms_norm": "rms_norm", "rope": "rope",
+              "kv_store": "kv_store", "attention": "attention", "kv_store_paged": "paged", "attention_paged": "paged",
+              "gated_act": "gated_act", "add": "add", "scale": "scale"}
+NOT_OPS = {"plan_memory", "prepare_kernels", "wait_for_kernels", "supports", "upload", "alloc", "to_host",
+           "begin_step", "end_step"}
+
+
+def test_every_op_of_the_interface_is_run():
+    from conformance_runs import RUNS
+    from localllm.backends.base import Backend
+
+    methods = {name for name, value in vars(Backend).items() if callable(value) and not name.startswith("_")}
+    assert methods - NOT_OPS == set(OPS_RUN_BY)
+    assert set(OPS_RUN_BY.values()) <= set(RUNS)
 
 
 # ----- the sizes above against the CPU backend's thresholds -----------------------------------------------------
