@@ -4,9 +4,14 @@ reference (conformance_reference.py: each bound derived there).
 
 The op calls are written once (conformance_runs.py); the CPU backend runs them in this process, the CUDA
 backend under numba's CUDA simulator in a child process (backend_targets.py), each on the sizes that
-reach its paths (backend_targets.FULL, .SIMULATOR). Exact where the interface promises exact results:
-embed, kv_store, add and scale equal NumPy's float32 bits; matmul_rows and matmul_segments equal the
-matmuls they stand for, bit for bit; attention_paged equals attention on a contiguous cache.
+reach its paths (backend_targets.FULL, .SIMULATOR). A matrix product must be within the bound of the
+product with the float32 activation or of the one with the activation in the weight type's pairing format
+(Q8_0 / Q8_K, as llama.cpp's integer dot products take it). Exact where the interface promises exact
+results: embed equals the quant module's dequantization; take_rows, kv_store, kv_store_paged, add and
+scale equal NumPy's bits; matmul_rows and matmul_segments equal the matmuls they stand for, and
+attention_paged equals attention on a contiguous cache, bit for bit.
+
+Run it: python -m pytest -q tests/backends/test_conformance.py (-k cpu, -k cuda for one backend).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from localllm.model.kv_paged import BatchLayout
 
 BACKEND_NAMES = list(BACKENDS)
 TYPE_NAMES = quant.supported_names()  # the names of quant.all_types(), without importing every module
-# Registered types a backend's supports() declines (test_supports checks the table): none today, the CUDA
+# Registered types a backend's supports() declines (test_supports_every_registered_type_... checks it): none today, the CUDA
 # backend converting the types it has no kernel for to float16 at upload.
 UNSUPPORTED: dict[str, tuple[str, ...]] = {name: () for name in BACKEND_NAMES}
 
