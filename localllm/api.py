@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional, Union
@@ -14,8 +13,10 @@ from .backends import create_backend
 from .errors import ContextOverflow, LocalLLMError
 from .generate import Event, Session, generate_tokens
 from .gguf import GGUFReader
+from .host import available_memory
 from .model.archs import architecture_class
 from .model.decoder import KVCache, KVCacheTooLarge
+from .runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +51,6 @@ def read_ahead_if_small(reader: GGUFReader) -> bool:
     Measured, Llama-3-8B-shaped file (4.9 GB) evicted from the cache beforehand: first 64-token prefill
     27 s with the advice, 67-110 s without (a loaded machine; the second pass 49-84 s either way)."""
     return reader.file_size < available_memory() // 2 and reader.read_ahead()
-
-
-def available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def _kv_bytes_per_token(reader) -> int:
@@ -195,8 +185,7 @@ class Model:
         session is replaced by an empty one; sessions made before keep their old cache."""
         memory = MemoryEstimate(self.memory.weights_bytes, _kv_bytes_per_token(self.reader) * n_ctx, n_ctx)
         check_context(self.reader, memory, host=self.backend.host_buffers)
-        if self.backend.name != "cpu":
-            self.backend.plan_memory(self.reader, memory, self.decoder.hp, ctx_given=True)
+        self.backend.plan_memory(self.reader, memory, self.decoder.hp, ctx_given=True)  # a host backend's: nothing
         self.memory = memory
         self.n_ctx = memory.n_ctx
         self.session = self.new_session()
@@ -314,10 +303,12 @@ class Model:
         )
 
 
-def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, threads: Optional[int] = None, backend: str = "cpu") -> Model:
+def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, threads: Optional[int] = None, backend: str = "cpu",
+         runtime: Optional[Runtime] = None) -> Model:
     """Load a GGUF model by path or name (None: the built-in default) and bind it to a backend:
     "cpu", "cuda" (numba-cuda; weights, KV cache and activations in device memory) or "auto" (CUDA when
-    a device is present, else CPU).
+    a device is present, else CPU). `runtime`: the settings (default: resolved from the environment now,
+    once, and passed to the backend); `threads`, when given, in place of its own.
 
     Every tensor is checked (presence, shape, type) before any kernel runs; nothing is printed.
     """
@@ -325,13 +316,14 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
     from .model.hparams import HParams
     from .tokenizer import Tokenizer
 
+    runtime = (runtime or Runtime.resolve()).with_arguments(threads=threads)
     path = resolve_model(None if model is None else str(model))
     reader = GGUFReader(path)
     try:
         arch_cls = architecture_class(reader.architecture)
         memory = _estimate(reader, n_ctx)
         tokenizer = Tokenizer.from_metadata(reader.metadata)
-        ops = create_backend(backend, threads)
+        ops = create_backend(backend, runtime=runtime)
         check_context(reader, memory, host=ops.host_buffers)
         ops.plan_memory(reader, memory, HParams.from_reader(reader, tokenizer.vocab_size), ctx_given=n_ctx is not None)
         decoder = arch_cls(reader, ops, n_vocab=tokenizer.vocab_size)
@@ -339,6 +331,6 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
     except BaseException:
         reader.close()
         raise
-    if ops.name == "cpu":  # the CPU backend computes on the mapping itself
+    if ops.reads_mapped_weights:
         read_ahead_if_small(reader)
     return Model(path, reader, decoder, tokenizer, ops, memory)

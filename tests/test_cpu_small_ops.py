@@ -119,10 +119,8 @@ def test_softmax_skips_only_exps_that_round_to_zero():
 
 
 def test_heads_per_job_groups_unless_that_idles_a_thread(monkeypatch):
-    import localllm.backends.cpu as cpu
-
     backend = CPUBackend(threads=1)
-    monkeypatch.setattr(cpu, "_numba_threads_now", lambda: 2)
+    monkeypatch.setattr(backend.thread_policy, "numba_now", lambda: 2)
     assert backend._heads_per_job(1, 32, 8, parallel=True) == 4  # Llama-3-8B: 8 jobs of four heads
     assert backend._heads_per_job(1, 4, 1, parallel=True) == 1  # Gemma 3 270M: one job of four would idle a thread
     assert backend._heads_per_job(2, 4, 1, parallel=True) == 4  # two rows: two jobs
@@ -181,4 +179,3 @@ def test_one_row_matmul_through_its_plan_equals_the_general_path(rng, backend, q
     bias = rng.standard_normal(n_out).astype(np.float32)
     backend.matmul(w, x, got, bias)
     np.testing.assert_array_equal(bits(got), bits(want + bias))
-

@@ -57,7 +57,7 @@ def _both_tiers(path, prompt, steps):
     full_model = localllm.load(path, n_ctx=512, threads=2)
     pending = _start_basic(basic_model.backend)
     basic = _logits_and_decode(basic_model, prompt, steps)
-    assert basic_model.backend.basic_tier and not basic_model.backend._layouts, "the basic tier re-laid a matrix"
+    assert basic_model.backend.basic_tier and not basic_model.backend.layouts.recorded(), "the basic tier re-laid a matrix"
     full = _logits_and_decode(full_model, prompt, steps)
     _finish(pending)
     basic_model.decoder.forward(np.array([2], dtype=np.int32), 0, basic_model.new_session().cache)
@@ -100,7 +100,7 @@ def test_the_switch_to_the_full_tier_re_lays_matrices_and_keeps_decoding_the_sam
     expected = _logits_and_decode(reference, prompt, 4)[1]
     for a, b in zip(rows, expected):
         np.testing.assert_array_equal(a, b)
-    relaid = [e[1] for e in model.backend._layouts.values() if isinstance(e[1], PackedWeights)]
+    relaid = [layout for layout in model.backend.layouts.recorded() if isinstance(layout, PackedWeights)]
     assert bool(relaid) == _tiles_available()  # Q4_K matrices are re-laid where the lane kernels are fast
 
 
@@ -180,7 +180,7 @@ def _chat_reply(env, model_path) -> str:
 def test_a_cold_chat_answers_in_the_basic_tier_and_leaves_the_full_tier_ready(gemma_path, tmp_path):
     """`localllm chat` on empty caches answers as a warm one does; the background compile it started
     leaves its marker, and the next start begins in the full tier."""
-    from localllm.backends.cpu import tiers
+    from localllm import runtime
 
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba"), "LOCALLLM_KERNEL_DIR": str(tmp_path / "kernels"),
            "LOCALLLM_COMPILE": "background"}
@@ -198,7 +198,7 @@ def test_a_cold_chat_answers_in_the_basic_tier_and_leaves_the_full_tier_ready(ge
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert probe.stdout.strip() == "False", probe.stderr[-2000:]
-    assert tiers.compile_mode() == "foreground"  # the suite's own setting (conftest) is untouched
+    assert runtime.compile_mode() == "foreground"  # the suite's own setting (conftest) is untouched
 
 
 def _marker_in(env, model_path) -> Path:
@@ -209,7 +209,7 @@ def _marker_in(env, model_path) -> Path:
 
 
 def test_a_compile_mode_that_is_not_known_is_one_line(monkeypatch):
-    from localllm.backends.cpu.tiers import compile_mode
+    from localllm.runtime import compile_mode
     from localllm.errors import LocalLLMError
 
     monkeypatch.setenv("LOCALLLM_COMPILE", "sometimes")

@@ -40,6 +40,9 @@ class Backend(ABC):
     # Buffers are host NumPy arrays in this machine's memory (so api.check_context checks the KV cache
     # against it); False for a device backend, whose buffers only the ops touch.
     host_buffers: bool = True
+    # The ops read the weights where they lie in the file's mapping (`upload` returns the view itself), so
+    # a file that fits the memory is worth reading ahead (api.read_ahead_if_small); False where upload copies.
+    reads_mapped_weights: bool = False
 
     def plan_memory(self, reader, memory, hp, ctx_given: bool) -> None:
         """Check that the model fits the backend's own memory before anything is uploaded and record what

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
 
+from .. import runtime
 from . import bench as bench_cmd
 from . import chat as chat_cmd
 from . import convert as convert_cmd
@@ -75,7 +75,7 @@ def _usage_line(exc) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Console-script entry point: runs the app and maps errors to one line and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or os.environ.get("LOCALLLM_DEBUG") == "1"
+    debug = "--debug" in args or runtime.debug()
     args = [a for a in args if a != "--debug"]
     try:
         # Typer returns (not raises) the code of a typer.Exit from a command, and turns Ctrl-C into Exit(130).

@@ -6,7 +6,6 @@ localllm.chat.conversation.Conversation; this module reads lines and prints even
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -336,8 +335,6 @@ def _save_history(readline, path: Path) -> None:
 
 
 def _history_path() -> Path:
-    configured = os.environ.get("LOCALLLM_HISTORY")
-    if configured:
-        return Path(configured).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "localllm" / "history"
+    from ..runtime import history_path
+
+    return history_path()

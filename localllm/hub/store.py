@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from .. import runtime
 
 
 def models_dir() -> Path:
     """$LOCALLLM_MODELS, else <user cache>/localllm/models (XDG_CACHE_HOME respected). Not created here."""
-    configured = os.environ.get("LOCALLLM_MODELS")
-    if configured:
-        return Path(configured).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "localllm" / "models"
+    return runtime.models_dir()

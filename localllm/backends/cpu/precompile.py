@@ -18,8 +18,9 @@ import sys
 import numpy as np
 
 from ..base import Weight
-from . import SMALL_ATTENTION_WORK, SMALL_OP_WORK, CPUBackend
+from .backend import CPUBackend
 from .matmul import BLAS_MIN_ROWS, TILE, TILE_MIN_ROWS
+from .threads import SMALL_ATTENTION_WORK, SMALL_OP_WORK
 
 
 class CompileOnlyBackend(CPUBackend):
@@ -81,7 +82,7 @@ def precompile(model_path: str) -> None:
     from .tiers import marker_path
 
     backend = CompileOnlyBackend()  # re-lays Q4_K matrices as LOCALLLM_REPACK says (set by the parent)
-    marker = marker_path(model_path, backend.repack)
+    marker = marker_path(model_path, backend.repack, backend.runtime)
     marker.parent.mkdir(parents=True, exist_ok=True)
     # One compile per model at a time: a second start while the first is compiling waits here, then
     # finds the marker.

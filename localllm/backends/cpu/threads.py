@@ -1,15 +1,17 @@
-"""How the CPU backend's decode steps use threads.
+"""How the CPU backend uses threads: the policy (ThreadPolicy: how many threads each op runs on, and
+BLAS's count) and the decode-step governor it consults (DecodeThreads).
 
 Two settings work together:
 
 1. How OpenMP's idle workers wait (Numba's threading layer here is OpenMP; libgomp reads the variables
-   once, when Numba's pool first starts, which is after this import). A decode step of Gemma 3 270M
+   once, when Numba's pool first starts: configure_openmp_waiting, called by the first CPUBackend before
+   it sets Numba's thread count). A decode step of Gemma 3 270M
    starts ~130 parallel regions tens of microseconds apart. A worker that sleeps between them
    (OMP_WAIT_POLICY=PASSIVE) takes ~7 us to wake each time, so only the largest matrices were worth
    a second thread; one that spins a while first (GOMP_SPINCOUNT) is there in ~1.5 us, and every
    per-layer matrix gains from two. Measured on the project's 2-core machine, 2 threads, quiet: 79-87
    tok/s with PASSIVE (matrices under 1 MiB on one thread), 100-104 spinning with every matrix over
-   64 KiB on both (figures in __init__.py, SMALL_MATVEC_BYTES).
+   64 KiB on both (figures below, SMALL_MATVEC_BYTES).
 
 2. Whether a decode step uses the worker at all (DecodeThreads). Spinning has a price on a machine whose
    cores other processes want: with one busy process beside it, the same 2-thread decode fell to 11-40
@@ -26,20 +28,164 @@ number of threads), so switching never changes a token.
 
 from __future__ import annotations
 
-import os
 import time
+from typing import Callable, Optional
 
-# Spins before an idle worker sleeps. libgomp's own default (300,000, when the variables are unset) keeps
-# a worker spinning far longer than the gaps inside a decode step need, taking CPU from other
-# processes between steps; 30,000 covered the gaps about as well (100-104 tok/s against 110-112 in the
-# same runs; 3,000 did not: 57-101).
-DEFAULT_SPINCOUNT = "30000"
+import numba
+
+from ... import host
+
+# Ops smaller than this many elements, and matrix-vector products over fewer weight bytes, run on one
+# thread (see ThreadPolicy.for_op): waking a worker costs more than they take. Gemma 3 270M decode,
+# 2 threads, quiet machine, one process per setting of the OpenMP workers, alternating thresholds
+# (tok/s, two passes): with the workers spinning briefly between regions (GOMP_SPINCOUNT=30000, see
+# above) 94/91 with matrices over 1 MiB on both threads (all its per-layer matrices but
+# ffn_down on one), 108/97 over 256 KiB, 104/100 over 64 KiB; with sleeping workers
+# (OMP_WAIT_POLICY=PASSIVE) the order reverses: 79-87 over 1 MiB, 74-75 over 256 KiB, 66-68 over 64 KiB.
+SMALL_OP_WORK = 1 << 16
+SMALL_MATVEC_BYTES = 1 << 16
+SMALL_ATTENTION_WORK = 1 << 18
 
 
-def configure_openmp_waiting() -> None:
-    """Bounded spinning for OpenMP workers, unless the user chose a policy."""
-    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = DEFAULT_SPINCOUNT
+def configure_openmp_waiting(spincount: Optional[str]) -> None:
+    """Bounded spinning for OpenMP workers (runtime.DEFAULT_SPINCOUNT), unless the user chose a policy
+    (spincount None). Must run before Numba's pool starts; idempotent (a value already there stays)."""
+    if spincount is not None:
+        host.export_default("GOMP_SPINCOUNT", spincount)
+
+
+def numba_threads_reader() -> Callable[[], int]:
+    """A function returning numba.get_num_threads() without its lock: that function first makes sure
+    the thread pool is launched (taking a lock, ~4 us), then reads a thread-local through the threading
+    layer. Once the pool is up (this launches it) the read alone is what we need; Numba's public
+    function is the fallback if its internals move."""
+    numba.get_num_threads()  # launches the pool, which sets the reader up
+    from numba.np.ufunc import parallel
+
+    reader = getattr(parallel, "_get_num_threads", None)
+    if reader is None:
+        return numba.get_num_threads
+    try:
+        if int(reader()) == numba.get_num_threads():
+            return reader
+    except Exception:  # pragma: no cover - depends on Numba internals
+        pass
+    return numba.get_num_threads
+
+
+class BlasThreads:
+    """BLAS's thread count, process-wide (set only when it changes: threadpoolctl takes ~1 ms). One
+    instance per process (BLAS_THREADS): every backend of the process shares the one BLAS library.
+
+    A model whose matrix products all run on the integer kernels uses BLAS only for prefill attention,
+    and there OpenBLAS's second thread costs more than it brings: its idle workers keep polling, and
+    the two-thread Numba products next to them slow down (Gemma 3 270M pp512, 2 threads: 680-720
+    tok/s with 2 BLAS threads, 1170-1230 with 1; with 1 Numba thread 920-940 against 840-890)."""
+
+    def __init__(self):
+        self.count: Optional[int] = None  # the count last set, None before the first
+
+    def limit(self, n: int) -> None:
+        if n != self.count:
+            import threadpoolctl
+
+            threadpoolctl.threadpool_limits(limits=n, user_api="blas")
+            self.count = n
+
+
+BLAS_THREADS = BlasThreads()
+
+
+class ThreadPolicy:
+    """How many threads each op of one CPUBackend runs on: Numba's count (set before the op, per calling
+    thread) and BLAS's (per step). Made by the backend after configure_openmp_waiting.
+
+    serial: the basic tier's rule (tiers.py): our kernels on one thread, small ops on their serial twins.
+    matmuls_use_blas: the model has matrices whose prefill products run in BLAS (types without multi-row
+    kernels; set by the backend's upload)."""
+
+    def __init__(self, threads: int, prefill_rows: int, blas: BlasThreads = BLAS_THREADS):
+        self.threads = threads
+        self.prefill_rows = prefill_rows  # matmul.BLAS_MIN_ROWS
+        self.numba_threads = min(threads, numba.config.NUMBA_NUM_THREADS)
+        numba.set_num_threads(self.numba_threads)
+        self.numba_now = numba_threads_reader()  # Numba's count on the calling thread, read without a lock
+        self.decode = DecodeThreads(self.numba_threads)  # the thread count of each decode step
+        self.serial = False
+        self.matmuls_use_blas = False
+        self._blas = blas
+        # BLAS (prefill of types without multi-row kernels, prefill attention) gets the same thread count
+        # as our kernels, or one once the model's weights show it is used for attention only (begin_step).
+        blas.limit(threads)
+
+    def begin_step(self, rows: int) -> None:
+        # Every step is measured, keyed by its row count: in a prefill only the one-row ops (the output
+        # projection of the last row) take this count, in the server's batched steps every decode row.
+        self.decode.begin(rows)
+        self._blas.limit(self.blas_threads())
+
+    def end_step(self) -> None:
+        self.decode.end()
+
+    def blas_threads(self) -> int:
+        return self.threads if self.matmuls_use_blas else 1
+
+    def attention_workers(self) -> int:
+        """Threads of prefill attention's BLAS products (attention_blas.BlasAttention.workers)."""
+        return 1 if self.matmuls_use_blas else self.threads
+
+    def restart_measurements(self) -> None:
+        """Forget the decode steps measured so far (they were one-thread steps of the basic tier)."""
+        self.decode = DecodeThreads(self.numba_threads)
+
+    def for_op(self, rows: int, work: int | None = None, limit: int = 0, blas: bool | None = None) -> None:
+        """Numba's thread count for an op over `rows` rows. Batches of prefill_rows rows or more are a
+        prefill; where the model has matrices whose prefill products run in BLAS (types without
+        multi-row kernels), BLAS has all the backend's threads and its workers spin between calls, so
+        parallel Numba kernels in between would fight them for the cores (measured on Gemma 3 270M
+        pp512, 2 threads, when its products went through BLAS: 272 tok/s with 2-thread kernels, 546
+        with 1-thread ones): those run on one thread. Without such matrices BLAS has one thread (begin_step)
+        and the norms, RoPE and activations of a prefill get the governor's count (Gemma 3 270M pp512,
+        2 threads, seven alternating runs: median +4%).
+
+        work: the op's size in elements, for the small ops of a decode step (a norm or activation of one
+        row, attention over a short context): under `limit` (default SMALL_OP_WORK) they run on the
+        calling thread alone (the norms, RoPE, activations and attention through their serial twins
+        without coming here: parallel()); a matrix-vector product passes its weight bytes and
+        SMALL_MATVEC_BYTES.
+        Waking the pool costs more than such an op: measured, rms_norm of 1x640 took 7-70 us on 2 threads
+        (the second thread's wake-up, and worse when another process holds that core) against 1.6 us
+        on one, and a decode step of Gemma 3 270M runs ~200 of them. Same kernel either way: the
+        results do not depend on the thread count.
+
+        blas: whether the op hands its work to BLAS (default: a batch of prefill_rows rows or more);
+        a matrix product of a type with multi-row integer kernels never does (matmul.blas_min_rows), and
+        gets the governor's count at any size."""
+        small = work is not None and work < (limit or SMALL_OP_WORK)
+        if blas is None:
+            blas = rows >= self.prefill_rows and self.matmuls_use_blas
+        wanted = 1 if blas or small or self.serial else self.decode.now()
+        # The setting is per calling thread (and others may change it), so it is read back rather than
+        # remembered here; both calls cost microseconds with Numba's locking, and a token runs ~300 ops.
+        if self.numba_now() != wanted:
+            numba.set_num_threads(wanted)
+
+    def for_matvec(self, small: bool) -> int:
+        """Set and return the thread count of a one-row matrix product (`small`: under SMALL_MATVEC_BYTES
+        of weights): for_op's rule for one row, without its arguments (~130 of these a decode step)."""
+        wanted = 1 if small or self.serial else self.decode.now()
+        if self.numba_now() != wanted:
+            numba.set_num_threads(wanted)
+        return wanted
+
+    def parallel(self, rows: int, work: int, limit: int = 0) -> bool:
+        """Whether an op runs its parallel kernel (on the thread count for_op sets) rather than its
+        serial twin on the calling thread, which a small op (for_op's `work` under `limit`) does
+        without touching the thread count (kernels.rms_norm_serial)."""
+        if work < (limit or SMALL_OP_WORK) or self.serial:
+            return False
+        self.for_op(rows, work, limit)
+        return True
 
 
 class DecodeThreads:

@@ -31,22 +31,15 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Optional
 
-# LOCALLLM_COMPILE: "background" (default) starts cold in the basic tier as above; "foreground" compiles
-# each kernel when first called, as before (the test suite, and processes that want one code path).
-COMPILE_MODES = ("background", "foreground")
+from ...runtime import Runtime
 
-
-def compile_mode() -> str:
-    mode = os.environ.get("LOCALLLM_COMPILE", "background").strip().lower() or "background"
-    if mode not in COMPILE_MODES:
-        from ...errors import LocalLLMError
-
-        raise LocalLLMError(f"LOCALLLM_COMPILE must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
-    return mode
+# Runtime.compile_mode (LOCALLLM_COMPILE): "background" (default) starts cold in the basic tier as above;
+# "foreground" compiles each kernel when first called, as before.
 
 
-def _machine_key() -> str:
+def _machine_key(runtime: Runtime) -> str:
     """What Numba's cached code depends on besides the sources: its version, this CPU, the cache folder."""
     import llvmlite.binding as llvm
     import numba
@@ -55,7 +48,7 @@ def _machine_key() -> str:
         numba.__version__,
         llvm.get_host_cpu_name(),
         llvm.get_host_cpu_features().flatten(),
-        os.environ.get("NUMBA_CACHE_DIR", ""),
+        runtime.numba_cache_dir,
     )
     return "\0".join(parts)
 
@@ -71,26 +64,28 @@ def fits_basic_tier(model_path) -> bool:
     return os.path.getsize(model_path) <= BASIC_TIER_MAX_BYTES
 
 
-def marker_path(model_path, repack: bool) -> Path:
+def marker_path(model_path, repack: bool, runtime: Optional[Runtime] = None) -> Path:
     """The file that says the full tier's kernels for this model are in the cache: named by a hash of
     the kernel sources, the machine (_machine_key), whether Q4_K matrices are re-laid (LOCALLLM_REPACK:
-    another kernel) and the model file (path, size, modification time)."""
+    another kernel) and the model file (path, size, modification time); in runtime's kernel folder
+    (default: the settings resolved from the environment now)."""
     from ...quant.jit import kernel_sources_hash
-    from .drivers import kernel_dir
 
+    runtime = runtime or Runtime.resolve()
     path = Path(model_path).resolve()
     stat = path.stat()
-    key = "\0".join((kernel_sources_hash(), _machine_key(), str(repack), str(path), str(stat.st_size), str(stat.st_mtime_ns)))
-    return kernel_dir() / f"prepared_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
+    key = "\0".join((kernel_sources_hash(), _machine_key(runtime), str(repack), str(path), str(stat.st_size), str(stat.st_mtime_ns)))
+    return runtime.kernel_dir / f"prepared_{hashlib.sha256(key.encode()).hexdigest()[:24]}"
 
 
 class BackgroundCompile:
     """The precompile process for one model file, and whether it has finished (`ready`)."""
 
-    def __init__(self, model_path, repack: bool):
+    def __init__(self, model_path, repack: bool, runtime: Optional[Runtime] = None):
         self.model_path = Path(model_path)
         self.repack = repack
-        self.marker = marker_path(model_path, repack)
+        self.runtime = (runtime or Runtime.resolve()).with_arguments(repack=repack)
+        self.marker = marker_path(model_path, repack, self.runtime)
         self._finished = threading.Event()
         self._succeeded = False
         self._process = None
@@ -114,7 +109,7 @@ class BackgroundCompile:
                 [sys.executable, "-m", "localllm.backends.cpu.precompile", str(self.model_path)],
                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                 start_new_session=True,
-                env={**os.environ, "LOCALLLM_COMPILE": "foreground", "LOCALLLM_REPACK": "1" if self.repack else "0"},
+                env=self.runtime.precompile_environment(),
             )
         threading.Thread(target=self._wait, name="localllm-precompile", daemon=True).start()
 
@@ -130,8 +125,8 @@ class BackgroundCompile:
         return self._succeeded
 
 
-def prepared(model_path, repack: bool) -> bool:
+def prepared(model_path, repack: bool, runtime: Optional[Runtime] = None) -> bool:
     try:
-        return marker_path(model_path, repack).exists()
+        return marker_path(model_path, repack, runtime).exists()
     except OSError:
         return False

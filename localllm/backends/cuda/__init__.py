@@ -90,7 +90,7 @@ class CUDABackend(Backend):
     def memory_info(self) -> tuple[int, int]:
         """(free, total) device bytes; under the simulator (which reports infinity) the host's."""
         if simulating():
-            from ...api import available_memory
+            from ...host import available_memory
 
             return available_memory(), available_memory()
         free, total = self.cuda.current_context().get_memory_info()

@@ -1,0 +1,325 @@
+"""The Numba CPU backend's ops: the default backend. Weights stay quantized in the memory-mapped file
+(Q4_K matrices re-laid 16 rows at a time at their first product, their file pages then released:
+matmul.PackedWeights, kept per weight by layouts.WeightLayouts). How many threads each op runs on is
+threads.ThreadPolicy's decision; the kernels are in matmul, kernels, attention_decode and attention_blas."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ... import host, quant
+from ...errors import LocalLLMError
+from ...runtime import Runtime
+from ..base import Backend, Weight
+from . import attention_decode, kernels
+from .attention_blas import BlasAttention
+from .layouts import WeightLayouts
+from .matmul import (
+    BLAS_MIN_ROWS,
+    INTEGER_ALWAYS,
+    MatmulScratch,
+    blas_min_rows,
+    gather_rows_kernel,
+    matmul,
+    matmul_rows,
+    matmul_segments,
+)
+from .threads import SMALL_ATTENTION_WORK, SMALL_MATVEC_BYTES, ThreadPolicy, configure_openmp_waiting
+from .tiers import BackgroundCompile, fits_basic_tier, prepared
+
+# The package's name, as before the package was split: what users and tests filter on.
+log = logging.getLogger("localllm.backends.cpu")
+
+PARALLEL_STORE_ROWS = 16  # from this many rows kv_store converts to float16 in a kernel (a prefill's)
+
+
+class _FailedCompile:
+    """Stands for a background compile that failed and was reported: never finished again."""
+
+    finished = ready = False
+
+    def wait(self, timeout=None) -> bool:
+        return False
+
+
+class CPUBackend(Backend):
+    name = "cpu"
+
+    # The ops read the weights where they lie in the file's mapping (upload returns the view itself).
+    reads_mapped_weights = True
+
+    def __init__(self, threads: int | None = None, repack: bool | None = None, runtime: Runtime | None = None):
+        """runtime: the settings (default: resolved from the environment now); threads and repack, when
+        given, in place of its own."""
+        runtime = (runtime or Runtime.resolve()).with_arguments(threads=threads, repack=repack)
+        self.runtime = runtime
+        self.threads = runtime.threads or host.physical_cores()
+        # Re-lay Q4_K matrices 16 rows at a time at their first product (matmul.PackedWeights), as
+        # llama.cpp repacks; LOCALLLM_REPACK=0 keeps every weight in the file's layout.
+        self.repack = runtime.repack
+        if self.threads < 1:
+            raise LocalLLMError(f"threads must be >= 1, got {self.threads}")
+        # Process-wide settings, each idempotent, before the first kernel and before Numba's pool starts
+        # (ThreadPolicy sets Numba's thread count, which starts it).
+        configure_openmp_waiting(runtime.openmp_spincount)  # bounded spinning for idle OpenMP workers
+        # configure_numba(runtime)  # <- the kernels' Numba configuration (SLP vectorizer, cache locators): wired at merge
+        self.thread_policy = ThreadPolicy(self.threads, BLAS_MIN_ROWS)
+        self.scratch = MatmulScratch()
+        self.layouts = WeightLayouts(self.repack, self.scratch)
+        self._inv_freq: dict[tuple, np.ndarray] = {}
+        self._rope_cache: dict[tuple, tuple] = {}  # RoPE setting -> (positions bytes, cos, sin) of the last step
+        self._scores = np.empty(0, dtype=np.float32)
+        self._blas_attention = BlasAttention()
+        self._gelu_table = None
+        self._paged_rows = np.empty(0, dtype=np.int32)
+        self.background: BackgroundCompile | None = None
+
+    # While a BackgroundCompile is running, the basic tier (tiers.py): no re-laid matrices, products of
+    # several rows row by row, serial small ops, our kernels on one thread (the compile has the other
+    # cores). The thread policy holds the flag (its `serial` rule); the ops read it here.
+    @property
+    def basic_tier(self) -> bool:
+        return self.thread_policy.serial
+
+    @basic_tier.setter
+    def basic_tier(self, value: bool) -> None:
+        self.thread_policy.serial = value
+
+    def prepare_kernels(self, model_path) -> None:
+        """Called once the model is bound: on a cold start (no marker for this model, LOCALLLM_COMPILE
+        not "foreground") of a model small enough that its prompts go fast row by row, start the
+        background compile and run in the basic tier until it is done."""
+        runtime = self.runtime
+        if runtime.compile_mode == "foreground" or prepared(model_path, self.repack, runtime) or not fits_basic_tier(model_path):
+            return
+        background = BackgroundCompile(model_path, self.repack, runtime)
+        try:
+            background.start()
+        except OSError:  # no process or no kernel folder to be had: compile when first called, as before
+            return
+        self.background = background
+        self.basic_tier = True
+
+    def wait_for_kernels(self) -> None:
+        if self.background is not None:
+            self.background.wait()
+            self._leave_basic_tier()
+
+    def _leave_basic_tier(self) -> None:
+        """The full tier from now on: its kernels are in the cache (or, if the background compile failed,
+        compile when first called). Between two forward passes: the results are the same bits."""
+        self.basic_tier = False
+        self.background = None
+        self.layouts.forget_plans()  # planned on the file's layout; the full tier re-lays matrices
+        self.thread_policy.restart_measurements()  # what it measured was one-thread steps
+
+    def begin_step(self, rows: int) -> None:
+        if self.basic_tier and self.background.finished:
+            if self.background.ready:
+                self._leave_basic_tier()
+            else:  # stay in the basic tier: slower, but no compile in the middle of a reply
+                log.warning("warning: compiling the faster kernels in the background failed (%s); this "
+                            "session keeps the basic ones", self.background.marker.with_suffix(".log"))
+                self.background = _FailedCompile()
+        self.thread_policy.begin_step(rows)
+        self._blas_attention.workers = self.thread_policy.attention_workers()
+
+    def end_step(self) -> None:
+        self.thread_policy.end_step()
+
+    def supports(self, qtype: str) -> bool:
+        return quant.is_supported(qtype)
+
+    def upload(self, weight: Weight) -> Weight:
+        if len(weight.shape) >= 2 and quant.is_supported(weight.qtype):
+            self.thread_policy.matmuls_use_blas |= blas_min_rows(quant.get(weight.qtype)) < INTEGER_ALWAYS
+        return weight
+
+    def alloc(self, shape, dtype=np.float32):
+        return np.zeros(shape, dtype=dtype)
+
+    def to_host(self, buffer):
+        return buffer
+
+    def matmul(self, w: Weight, x, out, bias=None) -> None:
+        if x.shape[0] == 1:
+            self._matvec(w, x, out)
+        else:
+            qt = quant.get(w.qtype)
+            rows = x.shape[0]
+            if self.basic_tier and rows < blas_min_rows(qt):
+                for t in range(rows):  # each row as the multi-row kernels would compute it
+                    self._matvec(w, x[t : t + 1], out[t : t + 1])
+                if bias is not None:
+                    out += bias
+                return
+            self.thread_policy.for_op(rows, rows * w.data.nbytes, SMALL_MATVEC_BYTES, blas=rows >= blas_min_rows(qt))
+            matmul(qt, self._layout_of(w), x, out, self.scratch)
+        if bias is not None:
+            out += bias
+
+    def _matvec(self, w: Weight, x, out) -> None:
+        """out[0] = W @ x[0], as matmul computes one row (matmul._integer_rows), through w's one-row plan
+        (layouts.WeightLayouts.plan_matvec: what it looks up per call, made once)."""
+        plan = self.layouts.plans.get(id(w))
+        if plan is None:
+            plan = self.layouts.plan_matvec(w, x.shape[1], self.basic_tier)
+        _, kernel, activation, small, packed = plan
+        wanted = self.thread_policy.for_matvec(small)
+        if packed is not None:
+            packed.matmul(x, out, self.scratch, wanted)
+            return
+        kernel(w.data, out[0], *activation.quantize(x[0]))
+
+    def _layout_of(self, w: Weight):
+        """What the matrix products read for w (layouts.WeightLayouts.layout_of)."""
+        return self.layouts.layout_of(w, self.basic_tier)
+
+    def matmul_segments(self, w: Weight, x, out, bounds, bias=None) -> None:
+        qt = quant.get(w.qtype)
+        longest = int(max(b - a for a, b in zip(bounds[:-1], bounds[1:])))
+        self.thread_policy.for_op(x.shape[0], blas=longest >= blas_min_rows(qt))
+        matmul_segments(qt, self._layout_of(w), x, out, bounds, self.scratch)
+        if bias is not None:
+            out += bias
+
+    def matmul_rows(self, w: Weight, x, out, bias=None) -> None:
+        qt = quant.get(w.qtype)
+        self.thread_policy.for_op(1)  # the decode path's thread count, whatever the number of rows
+        matmul_rows(qt, self._layout_of(w), x, out, self.scratch)
+        if bias is not None:
+            out += bias
+
+    def embed(self, w: Weight, ids, out) -> None:
+        gather_rows_kernel(quant.get(w.qtype))(w.data, ids, out)
+
+    def rms_norm(self, x, weight, eps, out) -> None:
+        d = weight.shape[0]
+        kernel = kernels.rms_norm if self.thread_policy.parallel(x.shape[0], x.size) else kernels.rms_norm_serial
+        kernel(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
+
+    def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0) -> None:
+        key = (n_rot, float(base), float(freq_scale), id(freq_factors))
+        inv_freq = self._inv_freq.get(key)
+        if inv_freq is None:
+            inv_freq = np.empty(n_rot // 2, dtype=np.float32)
+            factors = np.asarray(freq_factors, dtype=np.float32) if freq_factors is not None else np.empty(0, np.float32)
+            kernels.rope_inv_freqs(n_rot, float(base), float(freq_scale), factors, inv_freq)
+            self._inv_freq[key] = inv_freq
+        cos, sin = self._rope_angles(key, inv_freq, positions)
+        kernel = kernels.rope if self.thread_policy.parallel(x.shape[0], x.size) else kernels.rope_serial
+        kernel(x, cos, sin, bool(neox))
+
+    def _rope_angles(self, key, inv_freq, positions):
+        """The (cos, sin) table of these positions, computed once per step and RoPE setting: a step
+        rotates q and k of every layer at the same positions (Gemma 3: 36 rotations, 2 settings), and
+        the sines and cosines were most of a rotation's time (17 of ~20 us for 8 rows)."""
+        tag = positions.tobytes()
+        cached = self._rope_cache.get(key)
+        if cached is not None and cached[0] == tag:
+            return cached[1], cached[2]
+        cos = np.empty((positions.shape[0], inv_freq.shape[0]), dtype=np.float32)
+        sin = np.empty_like(cos)
+        kernels.rope_table(positions, inv_freq, cos, sin)
+        self._rope_cache[key] = (tag, cos, sin)
+        return cos, sin
+
+    def kv_store(self, cache_k, cache_v, k, v, start) -> None:
+        n = k.shape[0]
+        if n < PARALLEL_STORE_ROWS:
+            cache_k[start : start + n] = k  # numpy rounds float32 -> float16 to nearest even, in place
+            cache_v[start : start + n] = v
+            return
+        self.thread_policy.for_op(n)
+        for src, cache in ((k, cache_k), (v, cache_v)):
+            kernels.store_f16_block(src.reshape(n, *cache.shape[1:]), cache.view(np.uint16), start)
+
+    def attention(self, q, cache_k, cache_v, start, scale, window, out) -> None:
+        n_tokens, n_head, _ = q.shape
+        if n_tokens >= BLAS_MIN_ROWS:  # prefill: matrix products through BLAS
+            self._blas_attention(q, cache_k, cache_v, start, scale, window, out)
+            return
+        needed = n_tokens * n_head * (start + n_tokens)
+        # work: scores times head_dim (Gemma 3 270M: one thread up to 256 cached positions)
+        parallel = self.thread_policy.parallel(n_tokens, needed * q.shape[2], SMALL_ATTENTION_WORK)
+        if self._scores.size < needed:
+            self._scores = np.empty(needed, dtype=np.float32)
+        scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
+        if self.basic_tier:
+            attention_decode.attention_by_head(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start,
+                                               np.float32(scale), int(window), out, scores)
+            return
+        kernel = attention_decode.attention if parallel else attention_decode.attention_serial
+        heads_per_job = self._heads_per_job(n_tokens, n_head, cache_k.shape[1], parallel)
+        kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores,
+               heads_per_job)
+
+    def _heads_per_job(self, n_rows: int, n_head: int, n_head_kv: int, parallel: bool) -> int:
+        """4 (the query heads of a key head attend together, each cached row read once for four) unless
+        that leaves fewer jobs than threads: Gemma 3 270M has one key head for its four query heads, and
+        its four heads on two threads beat four together on one. Results are the same either way."""
+        # py_func: the same arithmetic without a Numba dispatch from Python (a few us, per layer and step)
+        if not parallel or attention_decode.attention_jobs.py_func(n_rows, n_head, n_head_kv, 4) >= self.thread_policy.numba_now():
+            return 4
+        return 1
+
+    def kv_store_paged(self, cache_k, cache_v, k, v, slots) -> None:
+        flat_k = cache_k.reshape(-1, *cache_k.shape[2:])  # views: [NB*BS, Hkv, D]
+        flat_v = cache_v.reshape(-1, *cache_v.shape[2:])
+        kernels.store_f16_rows(k, flat_k.view(np.uint16), slots)  # rounded to float16 as kv_store rounds
+        kernels.store_f16_rows(v, flat_v.view(np.uint16), slots)
+
+    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out) -> None:
+        """A sequence with BLAS_MIN_ROWS rows or more in this step (a prefill chunk) goes through BLAS
+        on a contiguous copy of its keys, as `attention` sends such a batch; all other rows (decode rows,
+        short chunks) through one Numba kernel call."""
+        if self._paged_rows.size < q.shape[0]:
+            self._paged_rows = np.empty(2 * q.shape[0], dtype=np.int32)
+        kernel_rows = self._paged_rows  # int32[R]: the rows the Numba kernel computes
+        n_kernel = 0
+        for s in range(layout.seq_rows.shape[0]):
+            first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
+            if n >= BLAS_MIN_ROWS:
+                self._paged_blas(q, cache_k, cache_v, layout, s, scale, window, out)
+                continue
+            for row in range(first, first + n):
+                kernel_rows[n_kernel] = row
+                n_kernel += 1
+        if n_kernel == 0:
+            return
+        self.thread_policy.for_op(1)
+        n_head = q.shape[1]
+        n_keys = int(layout.positions[: q.shape[0]].max()) + 1
+        needed = n_kernel * n_head * n_keys
+        if self._scores.size < needed:
+            self._scores = np.empty(needed, dtype=np.float32)
+        scores = self._scores[:needed].reshape(n_kernel * n_head, n_keys)
+        attention_decode.attention_paged(
+            q, cache_k.view(np.uint16), cache_v.view(np.uint16), layout.tables, layout.row_seq,
+            layout.positions, kernel_rows[:n_kernel], np.float32(scale), int(window), out, scores,
+            self._heads_per_job(n_kernel, n_head, cache_k.shape[2], True),
+        )
+
+    def _paged_blas(self, q, cache_k, cache_v, layout, s, scale, window, out) -> None:
+        first, n, start = int(layout.seq_first[s]), int(layout.seq_rows[s]), int(layout.seq_start[s])
+        n_blocks = -(-(start + n) // cache_k.shape[1])
+        table = layout.tables[s, :n_blocks]
+        keys = cache_k[table].reshape(-1, *cache_k.shape[2:])  # contiguous float16 copies [n_blocks*BS, Hkv, D]
+        values = cache_v[table].reshape(-1, *cache_v.shape[2:])
+        self._blas_attention(q[first : first + n], keys, values, start, scale, window, out[first : first + n])
+
+    def gated_act(self, gate, up, out, kind) -> None:
+        if kind not in ("silu", "gelu_tanh"):
+            raise LocalLLMError(f"unknown activation {kind!r}")
+        kernel = kernels.gated_act if self.thread_policy.parallel(gate.shape[0], gate.size) else kernels.gated_act_serial
+        if self._gelu_table is None:
+            self._gelu_table = kernels.gelu_table()
+        kernel(gate, up, out, kind == "gelu_tanh", self._gelu_table)
+
+    def add(self, a, b, out) -> None:
+        np.add(a, b, out=out)
+
+    def scale(self, x, factor, out) -> None:
+        np.multiply(x, np.float32(factor), out=out)
