@@ -63,7 +63,7 @@ def main() -> None:
     finally:
         if busy:
             busy.kill()
-    stats = model.backend._decode._sizes.get(1)
+    stats = model.backend.thread_policy.decode._sizes.get(1)
     averages = {k: round(v * 1e3, 2) for k, v in stats.average.items()} if stats else {}
     print(f"{args.threads} threads{', busy neighbour' if busy else ''}{', no governor' if args.no_governor else ''}: "
           + " ".join(f"{r:.1f}" for r in rates) + f" tok/s; ms per step by thread count {averages}")

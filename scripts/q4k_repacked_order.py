@@ -82,7 +82,7 @@ def repacked_order_rows(weights, out, qs, d, s):
 def install() -> None:
     """Route every Q4_K matrix product of the CPU backend through repacked_order_rows."""
     matmul_module = sys.modules["localllm.backends.cpu.matmul"]
-    backend_module = sys.modules["localllm.backends.cpu"]
+    backend_module = sys.modules["localllm.backends.cpu.backend"]
     general_rows, general_matmul_rows = matmul_module._integer_rows, matmul_module.matmul_rows
 
     def integer_rows(qt, weights, x, out, scratch):
@@ -103,7 +103,7 @@ def install() -> None:
     )
 
 
-_general_matvec = sys.modules["localllm.backends.cpu"].CPUBackend._matvec
+_general_matvec = sys.modules["localllm.backends.cpu.backend"].CPUBackend._matvec
 
 
 def _repack8(rows: np.ndarray) -> np.ndarray:
