@@ -98,6 +98,27 @@ def test_load_passes_its_runtime_to_the_backend(tmp_path):
         assert model.backend.threads == 1 and model.backend.runtime == runtime.with_arguments(threads=1)
 
 
+def test_load_reads_ahead_where_the_backend_reads_the_mapping(tmp_path, monkeypatch):
+    """Asked of the backend (reads_mapped_weights), no longer of its name: the CPU's ops read the mapped
+    file, a device backend's read what upload copied."""
+    import localllm
+    from localllm import api
+    from localllm.backends.base import Backend
+    from localllm.backends.cpu import CPUBackend
+    from localllm.backends.cuda import CUDABackend
+    from tiny_models import write_tiny_model
+
+    assert CPUBackend.reads_mapped_weights and not CUDABackend.reads_mapped_weights and not Backend.reads_mapped_weights
+    path = write_tiny_model(tmp_path / "tiny.gguf", "llama", "Q8_0")
+    calls = []
+    monkeypatch.setattr(api, "read_ahead_if_small", calls.append)
+    localllm.load(path, n_ctx=32, threads=1).close()
+    assert len(calls) == 1
+    monkeypatch.setattr(CPUBackend, "reads_mapped_weights", False)
+    localllm.load(path, n_ctx=32, threads=1).close()
+    assert len(calls) == 1
+
+
 def test_the_host_facts():
     assert host.available_memory() > 0
     assert 1 <= host.physical_cores() <= (os.cpu_count() or 1)
