@@ -434,7 +434,8 @@ def test_cpu_profile_crosses_the_cpu_thresholds():
     """The FULL profile's sizes reach both sides of each CPU threshold they are chosen for (see
     backend_targets.FULL); a threshold that moves past them must move the sizes too."""
     from backend_targets import FULL
-    from localllm.backends.cpu import PARALLEL_STORE_ROWS, SMALL_ATTENTION_WORK, SMALL_OP_WORK
+    from localllm.backends.cpu.backend import PARALLEL_STORE_ROWS
+    from localllm.backends.cpu.threads import SMALL_ATTENTION_WORK, SMALL_OP_WORK
     from localllm.backends.cpu.attention_blas import BLOCK
     from localllm.backends.cpu.matmul import BLAS_MIN_ROWS, TILE_MIN_ROWS
 
