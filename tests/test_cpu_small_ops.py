@@ -179,3 +179,21 @@ def test_one_row_matmul_through_its_plan_equals_the_general_path(rng, backend, q
     bias = rng.standard_normal(n_out).astype(np.float32)
     backend.matmul(w, x, got, bias)
     np.testing.assert_array_equal(bits(got), bits(want + bias))
+
+
+def test_rope_frequency_factors_of_a_freed_array_are_not_served_to_a_new_one(rng):
+    """The inverse frequencies are cached per frequency-factor array, by id: a freed array's id is
+    reused by the next one CPython allocates in its place (same size), which then got the old factors'
+    frequencies. The cache now holds the array, so its id stays taken."""
+    from localllm.backends.cpu import CPUBackend
+
+    backend = CPUBackend(threads=1)
+    positions = np.arange(3, dtype=np.int32)
+    x = rng.standard_normal((3, 2, 16)).astype(np.float32)
+    for trial in range(20):
+        factors = np.full(8, 1.0 + trial, dtype=np.float32)
+        got, want = x.copy(), x.copy()
+        backend.rope(got, positions, 16, 10000.0, True, factors)
+        CPUBackend(threads=1).rope(want, positions, 16, 10000.0, True, factors)  # no cache yet
+        np.testing.assert_array_equal(got, want)
+        del factors  # (before the fix, the next trial's array usually took this one's id)

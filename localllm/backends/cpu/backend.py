@@ -68,7 +68,7 @@ class CPUBackend(Backend):
         self.thread_policy = ThreadPolicy(self.threads, BLAS_MIN_ROWS)
         self.scratch = MatmulScratch()
         self.layouts = WeightLayouts(self.repack, self.scratch)
-        self._inv_freq: dict[tuple, np.ndarray] = {}
+        self._inv_freq: dict[tuple, tuple] = {}  # RoPE setting -> (its freq_factors, inv_freq float32[n_rot/2])
         self._rope_cache: dict[tuple, tuple] = {}  # RoPE setting -> (positions bytes, cos, sin) of the last step
         self._scores = np.empty(0, dtype=np.float32)
         self._blas_attention = BlasAttention()
@@ -202,12 +202,14 @@ class CPUBackend(Backend):
 
     def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0) -> None:
         key = (n_rot, float(base), float(freq_scale), id(freq_factors))
-        inv_freq = self._inv_freq.get(key)
-        if inv_freq is None:
+        cached = self._inv_freq.get(key)
+        if cached is None:
             inv_freq = np.empty(n_rot // 2, dtype=np.float32)
             factors = np.asarray(freq_factors, dtype=np.float32) if freq_factors is not None else np.empty(0, np.float32)
             kernels.rope_inv_freqs(n_rot, float(base), float(freq_scale), factors, inv_freq)
-            self._inv_freq[key] = inv_freq
+            # the entry holds freq_factors, so its id cannot be reused by another array while it lives
+            cached = self._inv_freq[key] = (freq_factors, inv_freq)
+        inv_freq = cached[1]
         cos, sin = self._rope_angles(key, inv_freq, positions)
         kernel = kernels.rope if self.thread_policy.parallel(x.shape[0], x.size) else kernels.rope_serial
         kernel(x, cos, sin, bool(neox))
