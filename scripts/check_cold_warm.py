@@ -11,7 +11,7 @@ History (2026-11-23): on Gemma 3 270M cold and warm runs differed (from step 3 a
 in a logit); a per-op check traced it to the decode attention kernel alone, then compiled with
 fast-math (LLVM free to reassociate sums and fuse multiply-adds, and choosing differently in a process
 that compiled the kernel than in the cached code). The kernel now computes in a fixed order without
-fast-math (now backends/cpu/attention_decode.py, quant/jit.dot_f32_f16_lanes), and cold and warm are identical
+fast-math (now backends/cpu/attention_decode.py, backends/cpu/quant_kernels/lanes.dot_f32_f16_lanes), and cold and warm are identical
 (1 thread, 60 steps; 2 threads, 40 steps).
 """
 

@@ -8,7 +8,7 @@ On x86 with AVX2, llama.cpp repacks Q4_K matrices at load (rows a multiple of 8)
 logits. Per output element both keep two float sums over the super-blocks,
 S = fma(float(sum_k scale_k <q_k, a_k>), d * d_a, S) and M = fma(float(sum_k min_k bsum_k), dmin * d_a, M),
 and return S - M. localllm's kernels fold each block into one sum instead
-(fma(d_a, fma(d, scaled, -(dmin * mins)), acc): quant/q4_k.accumulate).
+(fma(d_a, fma(d, scaled, -(dmin * mins)), acc): backends/cpu/quant_kernels/q4_k.accumulate).
 
 This script swaps every Q4_K matrix product of the engine (decode and prefill) for a plain Numba kernel
 in the repacked order, then:
@@ -45,7 +45,8 @@ import localllm  # noqa: E402
 import localllm.backends.cpu  # noqa: E402
 from localllm.quant import q4_k  # noqa: E402
 from localllm.quant.activation import QuantizedActivation  # noqa: E402
-from localllm.quant.jit import read_f16  # noqa: E402
+from localllm.backends.cpu.quant_kernels import q4_k as q4_k_kernels  # noqa: E402
+from localllm.jit import read_f16  # noqa: E402
 
 REFERENCE = ROOT.parent / "shared" / "reference" / "gemma-3-270m"
 
@@ -73,7 +74,7 @@ def repacked_order_rows(weights, out, qs, d, s):
             mins_sum = np.float32(0.0)
             for b in range(n_blocks):
                 base = b * q4_k.BLOCK_BYTES
-                scaled, mins = q4_k.block_sums(w, base, qs[t], b * q4_k.BLOCK, s[t], b * (q4_k.BLOCK // 16))
+                scaled, mins = q4_k_kernels.block_sums(w, base, qs[t], b * q4_k.BLOCK, s[t], b * (q4_k.BLOCK // 16))
                 scaled_sum = _fma(np.float32(scaled), read_f16(w, base) * d[t, b], scaled_sum)
                 mins_sum = _fma(np.float32(mins), read_f16(w, base + 2) * d[t, b], mins_sum)
             out[t, r] = scaled_sum - mins_sum
@@ -151,7 +152,7 @@ def check_against_ggml(lib_dir: str, trials: int = 20, n_rows: int = 64, k: int 
         assert np.array_equal(theirs_act.reshape(-1, 292)[:, 4:260].view(np.int8).reshape(-1), qs), "q8_K activations differ"
         ours = np.empty((1, n_rows), np.float32)
         repacked_order_rows(weights, ours, qs[None], d[None], s[None])
-        main = np.array([q4_k.vec_dot(weights[r], qs, d, s) for r in range(n_rows)], np.float32)
+        main = np.array([q4_k_kernels.vec_dot(weights[r], qs, d, s) for r in range(n_rows)], np.float32)
         repacked_same += int((ours[0].view(np.int32) == theirs.view(np.int32)).sum())
         main_same += int((main.view(np.int32) == theirs.view(np.int32)).sum())
     total = trials * n_rows

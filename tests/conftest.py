@@ -29,6 +29,15 @@ import pytest  # noqa: E402
 REFERENCE_DIR = Path(__file__).parent / "data" / "reference"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def numba_configured():
+    """Numba configured as the CPU backend configures it (localllm.jit.configure_numba), so that the
+    tests that call kernels directly compile them as a model run does."""
+    from localllm.jit import configure_numba
+
+    configure_numba()
+
+
 @pytest.fixture(scope="session")
 def gemma_path() -> str:
     """The PyPI-shipped Gemma 3 270M Q4_K_M, assembled (and checksum-verified) on first use."""

@@ -1,4 +1,4 @@
-"""quant.jit.dot_f32_f16_lanes sums in the order its docstring states, bit for bit.
+"""backends/cpu/quant_kernels/lanes.dot_f32_f16_lanes sums in the order its docstring states, bit for bit.
 
 The decode attention's q.k products go through it so that every compilation of the attention kernels
 gives the same bits (scripts/check_cold_warm.py). The expected values are a NumPy float32 emulation of
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from localllm.backends.cpu import attention_decode
-from localllm.quant.jit import DOT_LANES, axpy4_f16_lanes, axpy_f16_lanes, dot4_f32_f16_lanes, dot_f32_f16_lanes
+from localllm.backends.cpu.quant_kernels.lanes import DOT_LANES, axpy4_f16_lanes, axpy_f16_lanes, dot4_f32_f16_lanes, dot_f32_f16_lanes
 
 
 @numba.njit(cache=False)

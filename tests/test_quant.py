@@ -16,11 +16,11 @@ import pytest
 from conftest import REFERENCE_DIR
 
 from localllm import quant
-from localllm.backends.cpu.drivers import has_grid_kernels, row_drivers
+from localllm.backends.cpu.drivers import row_drivers
 from localllm.backends.cpu.matmul import BatchActivation, matvec_kernel
+from localllm.backends.cpu.quant_kernels import kernel_record, vector
 from localllm.errors import TensorError
 from localllm.gguf import GGML_TYPES_BY_NAME
-from localllm.quant import vector
 from localllm.quant.activation import QuantizedActivation
 
 DOT_RTOL = 1e-5
@@ -82,9 +82,11 @@ def test_numba_row_kernel_equals_numpy_reference(name):
     raw = random_rows(name, 6, 512, rng)
     expected = qt.dequantize(raw)
     out = np.empty(512, dtype=np.float32)
-    for r in range(raw.shape[0]):
-        qt.dequantize_row(raw[r], out)
-        np.testing.assert_array_equal(bits(out), bits(expected[r]))
+    # quant's plain dequantizer and the CPU kernels' (vector code where the type has it): the same bits
+    for dequantize_row in (qt.dequantize_row, kernel_record(qt).dequantize_row):
+        for r in range(raw.shape[0]):
+            dequantize_row(raw[r], out)
+            np.testing.assert_array_equal(bits(out), bits(expected[r]))
 
 
 def dequantized_activation(qt, args, x):
@@ -108,7 +110,7 @@ def test_vec_dot_within_stated_tolerance(name):
         x = (rng.standard_normal(n) * rng.choice([1e-2, 1.0, 30.0])).astype(np.float32)
         args = act.quantize(x)
         a = dequantized_activation(qt, args, x)
-        got = float(qt.vec_dot(raw[r], *args))
+        got = float(kernel_record(qt).vec_dot(raw[r], *args))
         expected = float(weights[r] @ a)
         scale = float(np.abs(weights[r] * a).sum())
         assert abs(got - expected) <= DOT_RTOL * scale + 1e-30, (r, got, expected)
@@ -131,7 +133,7 @@ def test_matvec_driver_on_read_only_weights_equals_vec_dot_per_row(name):
     args = QuantizedActivation(qt.act, 512).quantize(rng.standard_normal(512).astype(np.float32))
     out = np.empty(raw.shape[0], dtype=np.float32)
     matvec_kernel(qt)(raw, out, *args)
-    expected = np.array([qt.vec_dot(np.array(row), *args) for row in raw], dtype=np.float32)
+    expected = np.array([kernel_record(qt).vec_dot(np.array(row), *args) for row in raw], dtype=np.float32)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-30)  # same sums; fast-math may reorder
 
 
@@ -155,7 +157,7 @@ def test_batched_matvec_equals_the_decode_matvec_bit_for_bit_whatever_the_groupi
         np.testing.assert_array_equal(bits(out), bits(expected[:n_rows]), err_msg=f"{n_rows} rows")
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if has_grid_kernels(quant.get(n))])
+@pytest.mark.parametrize("name", [n for n in NAMES if kernel_record(n).grid is not None])
 def test_grid_matvec_equals_vec_dot_bit_for_bit(name):
     # Where the drivers use the grid kernels, their arithmetic is pinned (VectorCode.grid_sum: explicit
     # FMA, fixed float flags), so they equal the type's own vec_dot exactly, wherever it is compiled.
@@ -165,7 +167,7 @@ def test_grid_matvec_equals_vec_dot_bit_for_bit(name):
     args = QuantizedActivation(qt.act, 512).quantize(rng.standard_normal(512).astype(np.float32))
     out = np.empty(raw.shape[0], dtype=np.float32)
     matvec_kernel(qt)(raw, out, *args)
-    expected = np.array([qt.vec_dot(row, *args) for row in raw], dtype=np.float32)
+    expected = np.array([kernel_record(qt).vec_dot(row, *args) for row in raw], dtype=np.float32)
     np.testing.assert_array_equal(bits(out), bits(expected))
 
 
@@ -181,7 +183,7 @@ def test_vec_dot_portable_vector_path(name):
     saved = vector.VECTOR_ISA
     vector.VECTOR_ISA = "generic"
     try:
-        portable = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
+        portable = numba.njit(fastmath=True, error_model="numpy")(kernel_record(qt).vec_dot.py_func)
         for r in range(raw.shape[0]):
             args = act.quantize(rng.standard_normal(512).astype(np.float32))
             a = dequantized_activation(qt, args, None)
@@ -359,7 +361,7 @@ def test_llamacpp_reference_dequantize_quantize_and_dot(name):
     act = QuantizedActivation(qt.act, n)
     for r in range(q.shape[0]):
         args = act.quantize(ref["y"][r])
-        got = float(qt.vec_dot(q[r], *args))
+        got = float(kernel_record(qt).vec_dot(q[r], *args))
         ours_a = dequantized_activation(qt, args, ref["y"][r])
         llama_a, llama_s = llama_activation(int(ref["vec_dot_type"]), ref["yq"][r], ref["y"][r])
         # Beyond summation order (DOT_RTOL), the two differ only where llama.cpp holds the activation

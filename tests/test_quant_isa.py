@@ -15,9 +15,9 @@ import pytest
 from test_quant import bits, random_rows
 
 from localllm import quant
-from localllm.backends.cpu.drivers import drivers, has_grid_kernels, row_drivers
+from localllm.backends.cpu.drivers import drivers, row_drivers
 from localllm.backends.cpu.matmul import BatchActivation
-from localllm.quant import vector
+from localllm.backends.cpu.quant_kernels import kernel_record, vector
 from localllm.quant.activation import QuantizedActivation
 
 TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -43,8 +43,8 @@ def test_vec_dot_and_dequantize_equal_on_every_isa(name):
     acts = [tuple(a.copy() for a in act.quantize(rng.standard_normal(N).astype(np.float32) * 3)) for _ in range(3)]
     results = {}
     for isa in vector.VECTOR_ISAS:
-        dot = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
-        deq = numba.njit(error_model="numpy")(qt.dequantize_row.py_func)
+        dot = numba.njit(fastmath=True, error_model="numpy")(kernel_record(qt).vec_dot.py_func)
+        deq = numba.njit(error_model="numpy")(kernel_record(qt).dequantize_row.py_func)
         out = np.empty((raw.shape[0], N), dtype=np.float32)
         dots = np.array(
             [_run_under(isa, dot, row, *a) for a in acts for row in raw], dtype=np.float32
@@ -57,7 +57,7 @@ def test_vec_dot_and_dequantize_equal_on_every_isa(name):
         np.testing.assert_array_equal(results[isa][1], results["auto"][1], err_msg=f"dequantize_row, {isa} vs auto")
 
 
-@pytest.mark.parametrize("name", [n for n in TYPES if has_grid_kernels(quant.get(n))])
+@pytest.mark.parametrize("name", [n for n in TYPES if kernel_record(n).grid is not None])
 def test_grid_drivers_equal_on_every_isa(name):
     rng = np.random.default_rng(22)
     qt = quant.get(name)
@@ -82,7 +82,7 @@ def test_grid_drivers_equal_on_every_isa(name):
 def test_auto_uses_the_instructions_the_host_has():
     features = set(numba.core.registry.cpu_target.target_context.codegen()._tm_features.split(","))
     qt = quant.get("Q5_0")
-    dot = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
+    dot = numba.njit(fastmath=True, error_model="numpy")(kernel_record(qt).vec_dot.py_func)
     raw = random_rows("Q5_0", 1, N, np.random.default_rng(23))
     dot(raw[0], *QuantizedActivation("q8_0", N).quantize(np.ones(N, dtype=np.float32)))
     asm = dot.inspect_asm(dot.signatures[0])
@@ -110,14 +110,14 @@ def test_batched_matvec_equals_vec_dot_on_long_rows(name, n_rows):
     batch = BatchActivation(qt.act, n_rows, k).quantize(x)
     out = np.empty((n_rows, raw.shape[0]), dtype=np.float32)
     row_drivers(qt).matvec_rows(raw, out, *batch)
-    expected = np.array([[qt.vec_dot(row, *(a[t] for a in batch)) for row in raw] for t in range(n_rows)], dtype=np.float32)
+    expected = np.array([[kernel_record(qt).vec_dot(row, *(a[t] for a in batch)) for row in raw] for t in range(n_rows)], dtype=np.float32)
     np.testing.assert_array_equal(bits(out), bits(expected))
 
 
 def test_q8_0_matvec_over_a_large_matrix_goes_row_by_row_with_the_same_values():
     # From ONE_ROW_MIN_BYTES the Q8_0 decode matvec takes its one-row kernel (faster when the matrix
     # streams from memory): same values as vec_dot, and as the four-row kernel on a slice below the size.
-    from localllm.quant import q8_0
+    from localllm.backends.cpu.quant_kernels import q8_0
 
     qt = quant.get("Q8_0")
     rng = np.random.default_rng(25)
@@ -128,7 +128,7 @@ def test_q8_0_matvec_over_a_large_matrix_goes_row_by_row_with_the_same_values():
     args = QuantizedActivation("q8_0", 640).quantize(rng.standard_normal(640).astype(np.float32))
     out = np.empty(raw.shape[0], dtype=np.float32)
     drivers(qt).matvec(raw, out, *args)
-    expected = np.array([qt.vec_dot(row, *args) for row in seed], dtype=np.float32)
+    expected = np.array([kernel_record(qt).vec_dot(row, *args) for row in seed], dtype=np.float32)
     np.testing.assert_array_equal(bits(out).reshape(-1, 64), np.broadcast_to(bits(expected), (n_rows // 64, 64)))
     small = np.empty(64, dtype=np.float32)
     drivers(qt).matvec(seed, small, *args)

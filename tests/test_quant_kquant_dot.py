@@ -20,8 +20,9 @@ import pytest
 from test_quant import bits, random_rows
 
 from localllm import quant
+from localllm.backends.cpu.quant_kernels import kernel_record
 from localllm.quant.activation import QuantizedActivation
-from localllm.quant.q4_k import unpack_scales_mins
+from localllm.quant.kquant_fit import unpack_scales_mins
 from localllm.quant.q6_k import unpack_quants
 
 
@@ -90,6 +91,6 @@ def test_vec_dot_equals_the_integer_and_float_model(name, k):
         x = (rng.standard_normal(k) * scale).astype(np.float32)
         x[:3] = [-1e5, 1e5, 0.0]  # activation quants at -127 and 127
         aqs, ad, asum = (a.copy() for a in act.quantize(x))
-        ours = np.array([qt.vec_dot(row, aqs, ad, asum) for row in raw], dtype=np.float32)
+        ours = np.array([kernel_record(qt).vec_dot(row, aqs, ad, asum) for row in raw], dtype=np.float32)
         model = np.array([MODELS[name](row, aqs, ad, asum) for row in raw], dtype=np.float32)
         np.testing.assert_array_equal(bits(ours), bits(model), err_msg=f"{name} K={k} scale={scale}")

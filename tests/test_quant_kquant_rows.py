@@ -1,4 +1,4 @@
-"""The multi-row K-quant kernels (quant/kquant_rows.py, through the batched decode driver) against the
+"""The multi-row K-quant kernels (backends/cpu/quant_kernels/kquant_rows.py, through the batched decode driver) against the
 one-row vec_dot, bit for bit.
 
 The server's batched decode needs a row's result not to depend on the batch, so every out[t, r] of
@@ -20,9 +20,9 @@ from test_quant import bits, random_rows
 from localllm import quant
 from localllm.backends.cpu.drivers import row_drivers
 from localllm.backends.cpu.matmul import BatchActivation
-from localllm.quant import kquant_rows, vector
+from localllm.backends.cpu.quant_kernels import kernel_record, kernel_records, vector
 
-TYPES = sorted(kquant_rows.ROW_KERNELS)
+TYPES = sorted(record.name for record in kernel_records() if record.rows is not None)
 
 
 def _activations(rng, n_rows, k, scale):
@@ -38,7 +38,7 @@ def _activations(rng, n_rows, k, scale):
 
 def _expected(qt, raw, batch):
     n_rows = batch[0].shape[0]
-    return np.array([[qt.vec_dot(row, *(a[t] for a in batch)) for row in raw] for t in range(n_rows)], dtype=np.float32)
+    return np.array([[kernel_record(qt).vec_dot(row, *(a[t] for a in batch)) for row in raw] for t in range(n_rows)], dtype=np.float32)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -96,7 +96,7 @@ def test_matvec_rows_equals_vec_dot_on_every_isa(name):
 @pytest.mark.parametrize("name", TYPES)
 def test_packing_repeats_the_last_row(name):
     # Groups past the batch repeat row T - 1, so the kernels' extra lanes are real rows' values.
-    pack = getattr(kquant_rows, kquant_rows.ROW_KERNELS[name] + "_pack")
+    pack = kernel_record(name).rows.pack
     rng = np.random.default_rng(32)
     qs = rng.integers(-127, 128, (5, 512), dtype=np.int8)
     d = rng.random((5, 2), dtype=np.float32)

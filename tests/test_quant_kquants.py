@@ -19,8 +19,8 @@ import pytest
 
 from localllm import quant
 from localllm.backends.cpu.matmul import matvec_kernel
+from localllm.backends.cpu.quant_kernels import kernel_record, vector
 from localllm.errors import TensorError
-from localllm.quant import vector
 from localllm.quant.activation import QuantizedActivation
 from tiny_models import _SCALE_FIELDS
 
@@ -121,9 +121,11 @@ def test_dequantize_row_equals_dequantize_bit_for_bit(qtype):
     raw = random_rows(np.random.default_rng(3), qtype, n_rows=6)
     expected = qt.dequantize(raw)
     out = np.empty(expected.shape[1], dtype=np.float32)
-    for row in range(raw.shape[0]):
-        qt.dequantize_row(raw[row], out)
-        np.testing.assert_array_equal(bits(out), bits(expected[row]), err_msg=f"row {row}")
+    # quant's plain dequantizer and the CPU kernels' (vector code where the type has it): the same bits
+    for dequantize_row in (qt.dequantize_row, kernel_record(qt).dequantize_row):
+        for row in range(raw.shape[0]):
+            dequantize_row(raw[row], out)
+            np.testing.assert_array_equal(bits(out), bits(expected[row]), err_msg=f"row {row}")
 
 
 @pytest.mark.parametrize("qtype", K_TYPES_WITH_REFERENCE + ["Q8_K"])
@@ -164,7 +166,7 @@ def test_vec_dot_matches_float64_dot_of_dequantized(qtype):
         a = dequantized_activation(qs, d)
         expected = float(np.dot(weights[row], a))
         scale = float(np.dot(np.abs(weights[row]), np.abs(a)))
-        got = qt.vec_dot(raw[row], qs, d, sums)
+        got = kernel_record(qt).vec_dot(raw[row], qs, d, sums)
         assert isinstance(got, float) and np.isfinite(got)
         assert abs(got - expected) <= DOT_RTOL * scale + 1e-30, (row, got, expected)
 
@@ -181,17 +183,17 @@ def test_vec_dot_portable_vector_path(qtype):
     raw = random_rows(rng, qtype, n_rows=4)
     weights = qt.dequantize(raw).astype(np.float64)
     act = QuantizedActivation(qt.act, weights.shape[1])
-    qt.vec_dot(raw[0], *act.arrays)  # the cached (native) kernel is compiled before the switch
+    kernel_record(qt).vec_dot(raw[0], *act.arrays)  # the cached (native) kernel is compiled before the switch
     saved = vector.VECTOR_ISA
     vector.VECTOR_ISA = "generic"
     try:
-        portable = numba.njit(fastmath=True, error_model="numpy")(qt.vec_dot.py_func)
+        portable = numba.njit(fastmath=True, error_model="numpy")(kernel_record(qt).vec_dot.py_func)
         for row in range(raw.shape[0]):
             qs, d, sums = act.quantize(rng.standard_normal(weights.shape[1]).astype(np.float32))
             a = dequantized_activation(qs, d)
             got = portable(raw[row], qs, d, sums)
             assert abs(got - np.dot(weights[row], a)) <= DOT_RTOL * np.dot(np.abs(weights[row]), np.abs(a))
-            assert got == pytest.approx(qt.vec_dot(raw[row], qs, d, sums), rel=1e-6, abs=1e-30)
+            assert got == pytest.approx(kernel_record(qt).vec_dot(raw[row], qs, d, sums), rel=1e-6, abs=1e-30)
     finally:
         vector.VECTOR_ISA = saved
     assert "pmaddubsw" not in portable.inspect_asm(portable.signatures[0])
@@ -208,7 +210,7 @@ def test_matvec_driver_runs_the_kernel_per_row(qtype):
     arrays = act.quantize(rng.standard_normal(512).astype(np.float32))
     out = np.empty(raw.shape[0], dtype=np.float32)
     matvec_kernel(qt)(raw, out, *arrays)
-    expected = np.array([qt.vec_dot(row, *arrays) for row in raw], dtype=np.float32)
+    expected = np.array([kernel_record(qt).vec_dot(row, *arrays) for row in raw], dtype=np.float32)
     np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-30)  # same sums; fast-math may reorder
 
 
@@ -225,7 +227,7 @@ def test_vec_dot_matches_llama_cpp(qtype):
     for row in range(ref["q"].shape[0]):
         qs, d, sums = unpack_q8_k(ref["yq"][row])
         scale = float(np.dot(np.abs(ref["deq"][row].astype(np.float64)), np.abs(dequantized_activation(qs, d))))
-        got = qt.vec_dot(ref["q"][row], qs, d, sums)
+        got = kernel_record(qt).vec_dot(ref["q"][row], qs, d, sums)
         assert abs(got - float(ref["dot"][row])) <= REFERENCE_DOT_RTOL * scale, (row, got, ref["dot"][row])
 
 
@@ -309,7 +311,7 @@ def test_vec_dot_on_the_real_gemma_q4_k_and_q6_k_tensors(gemma_path):
             qs, d, sums = act.quantize(rng.standard_normal(weights.shape[1]).astype(np.float32))
             a = dequantized_activation(qs, d)
             for i, row in enumerate(rows):
-                got = qt.vec_dot(raw[row], qs, d, sums)
+                got = kernel_record(qt).vec_dot(raw[row], qs, d, sums)
                 bound = DOT_RTOL * np.dot(np.abs(weights[i]), np.abs(a))
                 assert abs(got - np.dot(weights[i], a)) <= bound, (info.name, row)
             seen.add(qtype)

@@ -1,4 +1,4 @@
-"""Q4_K rows re-laid 16 at a time (quant/q4_k_x16.py, backends/cpu/matmul.PackedWeights): the layout
+"""Q4_K rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py, backends/cpu/matmul.PackedWeights): the layout
 against a NumPy statement of it, the lane kernel against the one-row vec_dot bit for bit at every batch
 size (decode's one row included) and on every VectorCode instruction-set path, the backend's choice of
 layout, and the release of the mapped pages the re-laid rows came from."""
@@ -21,10 +21,17 @@ from localllm.backends.cpu import CPUBackend
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.quant import q4_k_tiles, q4_k_x16, vector
+from localllm.backends.cpu.quant_kernels import kernel_records, q4_k_tiles, q4_k_x16, vector
 
-MODULES = {"Q4_K": q4_k_x16}  # the types with a packed layout (matmul.PACKED_KERNELS)
+MODULES = {"Q4_K": q4_k_x16}  # the types with a packed layout (their kernel record's `packed`)
 TYPES = sorted(MODULES)
+
+
+def test_the_packed_types_are_those_whose_record_has_a_packed_kernel():
+    records = {record.name: record.packed for record in kernel_records() if record.packed is not None}
+    assert sorted(records) == TYPES
+    for name, packed in records.items():
+        assert (packed.pack, packed.matvec) == (MODULES[name].pack, MODULES[name].matvec_packed)
 
 
 def test_q4_k_pack_puts_word_s_of_row_i_at_16s_plus_i():

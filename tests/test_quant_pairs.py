@@ -1,4 +1,4 @@
-"""The batched decode's pair kernels (quant.pairs) give each row exactly the one-row vec_dot's value.
+"""The batched decode's pair kernels (backends/cpu/quant_kernels/pairs.py) give each row exactly the one-row vec_dot's value.
 
 For every type with pair kernels, on every instruction-set path (VectorCode's "auto", "avx2", "generic",
 compiled uncached as in test_quant_isa), the driver's matvec_rows over T = 1..17 activation rows is
@@ -19,11 +19,11 @@ import pytest
 from test_quant import bits, random_rows
 
 from localllm import quant
-from localllm.backends.cpu.drivers import drivers, has_pair_kernels
+from localllm.backends.cpu.drivers import drivers
 from localllm.backends.cpu.matmul import BatchActivation
-from localllm.quant import pairs, vector
+from localllm.backends.cpu.quant_kernels import kernel_record, pairs, vector
 
-PAIR_TYPES = [name for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1") if has_pair_kernels(quant.get(name))]
+PAIR_TYPES = [name for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1") if kernel_record(name).pairs is not None]
 N_WEIGHT_ROWS = 2 * pairs.CHUNK_ROWS + 7
 FEW_WEIGHT_ROWS = pairs.PAIR_ROWS - 1
 MAX_T = 17
@@ -53,7 +53,7 @@ def test_pair_drivers_equal_vec_dot_for_every_batch_size_and_isa(name, k):
     raw[1] = random_rows(name, 1, k, rng)[0]  # one row with the extreme scales and quants
     x = rng.standard_normal((MAX_T, k)).astype(np.float32)
     batch = BatchActivation(qt.act, MAX_T, k).quantize(x)
-    expected = np.array([[qt.vec_dot(row, *(a[t] for a in batch)) for row in raw] for t in range(MAX_T)], dtype=np.float32)
+    expected = np.array([[kernel_record(qt).vec_dot(row, *(a[t] for a in batch)) for row in raw] for t in range(MAX_T)], dtype=np.float32)
     source = drivers(qt).matvec_rows.py_func
     for isa in vector.VECTOR_ISAS:
         matvec_rows = numba.njit(fastmath=True)(source)

@@ -1,10 +1,13 @@
-"""The tile kernels (quant/q4_k_tiles.py, q6_k_tiles.py: weight rows as vector lanes, prefill) against the
+"""The tile kernels (backends/cpu/quant_kernels/q4_k_tiles.py, q6_k_tiles.py: weight rows as vector lanes, prefill) against the
 one-row vec_dot, bit for bit: tiles of 16 rows with the last N % 16 rows left to the row kernels (through
 matmul_rows), batches across the kernel's steps (four activation rows at a time, then one; chunks of CHUNK = 256),
 extreme activations and weights, and every VectorCode instruction-set path (uncached copies compiled
 under each VECTOR_ISA, as in test_quant_isa.py)."""
 
 from __future__ import annotations
+
+import dataclasses
+import sys
 
 import numba
 import numpy as np
@@ -13,8 +16,8 @@ from test_quant import bits, random_rows
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
-from localllm.backends.cpu.matmul import TILE_KERNELS, BatchActivation, MatmulScratch, matmul_rows
-from localllm.quant import q4_k_tiles, q6_k_tiles, vector
+from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
+from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, q4_k_tiles, q6_k_tiles, vector
 
 MODULES = {"Q4_K": q4_k_tiles, "Q6_K": q6_k_tiles}
 TYPES = sorted(MODULES)
@@ -62,7 +65,10 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
     # has them, a batch of MIN_ROWS rows must (or the speed is lost silently), one row fewer must not.
     calls = []
     kernel = MODULES[name].matvec_tiles
-    monkeypatch.setitem(TILE_KERNELS, name, lambda *args: calls.append(args[1].shape[0]) or kernel(*args))
+    spy = TileKernel(lambda *args: calls.append(args[1].shape[0]) or kernel(*args), kernel_record(name).tiles.min_rows)
+    record = dataclasses.replace(kernel_record(name), tiles=spy)
+    cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]  # the module (the package exports a function of that name)
+    monkeypatch.setattr(cpu_matmul, "kernel_record", lambda qt: record if qt.name == name else kernel_record(qt))
     QT = quant.get(name)
     rng = np.random.default_rng(5)
     raw = _weights(name, rng, 32, 512)

@@ -1,17 +1,19 @@
-"""Quant formats: one module per ggml type, registered in one table (`_MODULES`).
+"""Quant formats: one module per ggml type, registered in one table (`_MODULES`). Formats only: the CPU
+backend's dot products and multi-row kernels for each type are in localllm/backends/cpu/quant_kernels/
+(one record per type there), CUDA's in localllm/backends/cuda/.
 
 Each module defines `QUANT = QuantType(...)` with:
 - the block layout documented field by field in its docstring;
 - `dequantize`: vectorised NumPy reference, uint8[..., row_bytes] -> float32[..., n] (bit-exact with llama.cpp);
-- `dequantize_row`: Numba kernel (src: uint8[row_bytes], out: float32[n]) -> None, bit-exact with the reference;
-- `vec_dot`: Numba kernel, dot product of one weight row with an activation vector quantized to the
-  type's pairing format `act` (see activation.py):
-    act "f32":  vec_dot(w: uint8[row_bytes], x: float32[n]) -> float32
-    act "q8_0": vec_dot(w, qs: int8[n], d: float32[n/32], s: int32[n/32]) -> float32   (s = sum of qs per block)
-    act "q8_k": vec_dot(w, qs: int8[n], d: float32[n/256], s: int32[n/16]) -> float32  (s = sum of qs per 16)
+- `dequantize_row`: plain Numba kernel (src: uint8[row_bytes], out: float32[n]) -> None, IEEE arithmetic,
+  bit-exact with the reference;
+- `act`: the activation format its dot products pair with (see activation.py): "f32", "q8_0" (int8
+  quants, a float32 scale and an int32 sum per 32) or "q8_k" (a scale per 256, a sum per 16);
 - `quantize`: NumPy quantizer float32[..., n] -> uint8[..., row_bytes], or None where localllm has none.
+Shared block helpers are in blocks.py, the K-quants' fitting search in kquant_fit.py.
 
-Adding a type: write its module, add its name to `_MODULES`. Tests are parametrised over `all_types()`.
+Adding a type: write its module, add its name to `_MODULES` (and its CPU kernel record). Tests are
+parametrised over `all_types()`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 
 from ..errors import UnsupportedQuantType
 from ..gguf.constants import GGML_TYPES, GGML_TYPES_BY_NAME, GGMLTypeInfo
+from ..jit import configure_numba
 
 ACT_KINDS = ("f32", "q8_0", "q8_k")
 
@@ -34,7 +37,6 @@ class QuantType:
     act: str
     dequantize: Callable[[np.ndarray], np.ndarray]
     dequantize_row: Callable
-    vec_dot: Callable
     quantize: Optional[Callable[[np.ndarray], np.ndarray]] = None
 
     @property
@@ -96,6 +98,7 @@ def get(name_or_id: str | int) -> QuantType:
             f"tensor type {name} is not supported (supported: {', '.join(_MODULES)})"
         )
     if name not in _loaded:
+        configure_numba()  # before the module's kernels are compiled (idempotent)
         module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
         _loaded[name] = module.QUANT
     return _loaded[name]

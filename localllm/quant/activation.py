@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .jit import exact_kernel, f32_bits, round_to_f16
+from ..jit import exact_kernel, f32_bits, round_to_f16
 
 QK8_0 = 32
 QK_K = 256

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..jit import exact_kernel, f16_to_f32
 from . import QuantType
-from .jit import exact_kernel, f16_to_f32, fast_kernel
-from .q8_k import as_blocks
-
+from .blocks import as_blocks
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., 2n] -> float32[..., n]."""
@@ -33,14 +32,4 @@ def dequantize_row(src, out):
         out[j] = f16_to_f32(bits[j])
 
 
-@fast_kernel
-def vec_dot(w, x):
-    """w: uint8[2n] weight row; x: float32[n] activation."""
-    bits = w.view(np.uint16)
-    acc = np.float32(0.0)
-    for j in range(x.shape[0]):
-        acc += f16_to_f32(bits[j]) * x[j]
-    return acc
-
-
-QUANT = QuantType(name="F16", act="f32", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)
+QUANT = QuantType(name="F16", act="f32", dequantize=dequantize, dequantize_row=dequantize_row, quantize=quantize)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..jit import exact_kernel
 from . import QuantType
-from .jit import exact_kernel, fast_kernel
-from .q8_k import as_blocks
-
+from .blocks import as_blocks
 
 def dequantize(raw: np.ndarray) -> np.ndarray:
     """uint8[..., 4n] -> float32[..., n]."""
@@ -31,14 +30,4 @@ def dequantize_row(src, out):
         out[j] = values[j]
 
 
-@fast_kernel
-def vec_dot(w, x):
-    """w: uint8[4n] weight row; x: float32[n] activation."""
-    values = w.view(np.float32)
-    acc = np.float32(0.0)
-    for j in range(x.shape[0]):
-        acc += values[j] * x[j]
-    return acc
-
-
-QUANT = QuantType(name="F32", act="f32", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)
+QUANT = QuantType(name="F32", act="f32", dequantize=dequantize, dequantize_row=dequantize_row, quantize=quantize)

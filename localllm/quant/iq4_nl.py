@@ -18,13 +18,11 @@ against ggml's C function (tests/data/quantize/iq4_reference.npz, docs/quantize.
 from __future__ import annotations
 
 import numpy as np
-from numba import prange, types
-from numba.extending import intrinsic
+from numba import prange
 
+from ..jit import exact_kernel, f32_to_f16_bits, read_f16
 from . import QuantType
-from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, fma_f32, read_f16
-from .q8_k import as_blocks, as_float_blocks, f16_field
-from .vector import VectorCode
+from .blocks import as_blocks, as_float_blocks, f16_field
 
 BLOCK = 32
 BLOCK_BYTES = 18
@@ -59,32 +57,6 @@ def dequantize_row(src, out):
             q = src[base + l]
             out[b * BLOCK + l] = d * np.float32(KVALUES[q & 15])
             out[b * BLOCK + 16 + l] = d * np.float32(KVALUES[q >> 4])
-
-
-@intrinsic
-def block_dot(typingctx, w, qs, aqs, a):
-    """<KVALUES[indices], aqs[a : a+32]> for the 16 index bytes at w[qs:], as int32."""
-    sig = types.int32(w, qs, aqs, a)
-
-    def codegen(context, builder, signature, args):
-        w_, qs_, aqs_, a_ = args
-        v = VectorCode(context, builder)
-        packed = v.load(signature.args[0], w_, qs_, 16)
-        values = v.lookup16(KVALUES, v.join(v.and_(packed, 15), v.shr(packed, 4)))
-        acts = v.load(signature.args[2], aqs_, a_, BLOCK)
-        return v.sum(v.scale_pairs(v.dot_pairs_signed(values, acts), v.constant(1, 16, 16)))
-
-    return sig, codegen
-
-
-@fast_kernel
-def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*18] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation."""
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        total = block_dot(w, b * BLOCK_BYTES + 2, aqs, b * BLOCK)
-        acc = fma_f32(np.float32(total), read_f16(w, b * BLOCK_BYTES) * ad[b], acc)  # in block order, everywhere
-    return acc
 
 
 # ----- quantization (ggml's quantize_iq4_nl, no importance matrix; shared with IQ4_XS) -----
@@ -178,6 +150,5 @@ QUANT = QuantType(
     act="q8_0",
     dequantize=dequantize,
     dequantize_row=dequantize_row,
-    vec_dot=vec_dot,
     quantize=quantize,
 )

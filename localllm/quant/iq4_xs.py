@@ -22,14 +22,12 @@ Checked bit for bit against ggml's C function (tests/data/quantize/iq4_reference
 from __future__ import annotations
 
 import numpy as np
-from numba import prange, types
-from numba.extending import intrinsic
+from numba import prange
 
+from ..jit import exact_kernel, f32_to_f16_bits, read_f16
 from . import QuantType
 from .iq4_nl import KVALUES, fit_scale, lookup_nibbles, pack_levels
-from .jit import exact_kernel, f32_to_f16_bits, fast_kernel, fma_f32, read_f16
-from .q8_k import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
-from .vector import VectorCode
+from .blocks import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
 
 BLOCK = QK_K
 BLOCK_BYTES = 136
@@ -79,49 +77,6 @@ def dequantize_row(src, out):
                 q = src[qbase + l]
                 out[obase + l] = step * np.float32(KVALUES[q & 15])
                 out[obase + 16 + l] = step * np.float32(KVALUES[q >> 4])
-
-
-def emit_scales(v: VectorCode, w_type, w, base):
-    """The 8 signed sub-block scales of the block at w[base:] as <8 x i8>, unpacked in vector registers."""
-    low_bytes = v.load(w_type, w, v.offset(base, _SCALES_L), 4)
-    high_bytes = v.load(w_type, w, v.offset(base, _SCALES_H), 2)  # scales_h, little-endian
-    # sub-block k: nibble k%2 of scales_l[k//2], and bits 2k..2k+1 of scales_h (bits 2*(k%4) of byte k//4)
-    subs = range(N_SUB)
-    low = v.and_(v.shr(v.shuffle(low_bytes, [k // 2 for k in subs]), [4 * (k % 2) for k in subs]), 15)
-    high = v.and_(v.shr(v.shuffle(high_bytes, [k // 4 for k in subs]), [2 * (k % 4) for k in subs]), 3)
-    return v.builder.sub(v.or_(low, v.shl(high, 4)), v.constant(32, N_SUB, 8))
-
-
-@intrinsic
-def block_sum(typingctx, w, base, aqs, a):
-    """sum_k scale_k * <KVALUES[idx_k], a_k> over the 8 sub-blocks of the block at w[base:], against
-    aqs[a : a+256], as int32 (table look-up and signed multiply-add in vector registers)."""
-    sig = types.int32(w, base, aqs, a)
-
-    def codegen(context, builder, signature, args):
-        w_, base_, aqs_, a_ = args
-        wt, at = signature.args[0], signature.args[2]
-        v = VectorCode(context, builder)
-        scales16 = v.widen(emit_scales(v, wt, w_, base_), 16)
-        acc = None
-        for k in range(N_SUB):
-            packed = v.load(wt, w_, v.offset(base_, _QS + 16 * k), 16)
-            values = v.lookup16(KVALUES, v.join(v.and_(packed, 15), v.shr(packed, 4)))
-            acts = v.load(at, aqs_, v.offset(a_, SUB * k), SUB)
-            acc = v.add(acc, v.scale_pairs(v.dot_pairs_signed(values, acts), v.shuffle(scales16, [k] * 16)))
-        return v.sum(acc)
-
-    return sig, codegen
-
-
-@fast_kernel
-def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*136] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation."""
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES
-        acc = fma_f32(ad[b] * read_f16(w, base + _D), np.float32(block_sum(w, base, aqs, b * BLOCK)), acc)  # block order
-    return acc
 
 
 # ----- quantization (ggml's quantize_iq4_xs, no importance matrix) -----
@@ -177,6 +132,5 @@ QUANT = QuantType(
     act="q8_k",
     dequantize=dequantize,
     dequantize_row=dequantize_row,
-    vec_dot=vec_dot,
     quantize=quantize,
 )

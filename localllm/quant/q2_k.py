@@ -16,14 +16,12 @@ Pairs with q8_k activations. The quantizer is llama.cpp's quantize_row_q2_K_ref 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange, types
-from numba.extending import intrinsic
+from numba import prange
 
+from ..jit import exact_kernel, f16_to_f32, f32_to_f16_bits, read_f16
 from . import QuantType
-from .jit import exact_kernel, f16_to_f32, f32_to_f16_bits, fast_kernel, read_f16
-from .q4_k import make_qkx2_quants
-from .q8_k import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
-from .vector import VectorCode
+from .blocks import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
+from .kquant_fit import make_qkx2_quants
 
 BLOCK = QK_K
 BLOCK_BYTES = 84
@@ -68,50 +66,6 @@ def dequantize_row(src, out):
             for l in range(GROUP):
                 q = (np.int32(src[qbase + l]) >> (2 * j)) & 3
                 out[b * BLOCK + GROUP * g + l] = step * np.float32(q) - offset
-
-
-@intrinsic
-def block_sums(typingctx, w, base, aqs, a, asum, group):
-    """(sum_g scale_g * <q_g, a_g>, sum_g min_g * asum[group + g]) for the block at w[base:], against
-    aqs[a : a+256] and its group sums asum[group : group+16]; both int32."""
-    sig = types.UniTuple(types.int32, 2)(w, base, aqs, a, asum, group)
-
-    def codegen(context, builder, signature, args):
-        w_, base_, aqs_, a_, asum_, group_ = args
-        wt, at, st = signature.args[0], signature.args[2], signature.args[4]
-        v = VectorCode(context, builder)
-        packed = v.load(wt, w_, v.offset(base_, _SCALES), N_GROUPS)
-        scales16 = v.widen(v.and_(packed, 15), 16, signed=False)
-        acc = None
-        for h in range(2):
-            qs = v.load(wt, w_, v.offset(base_, _QS + 32 * h), 32)
-            for j in range(4):
-                g = 8 * h + 2 * j  # elements 128h + 32j .. +32 are groups g and g+1
-                acts = v.load(at, aqs_, v.offset(a_, 128 * h + 32 * j), 32)
-                group_scales = v.shuffle(scales16, [g] * 8 + [g + 1] * 8)
-                acc = v.add(acc, v.scale_pairs(v.dot_pairs(v.and_(v.shr(qs, 2 * j), 3), acts), group_scales))
-        mins = v.widen(v.shr(packed, 4), 32, signed=False)
-        mins_sum = v.sum(v.mul(mins, v.load(st, asum_, group_, N_GROUPS)))
-        return context.make_tuple(builder, signature.return_type, [v.sum(acc), mins_sum])
-
-    return sig, codegen
-
-
-@fast_kernel
-def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*84] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation.
-
-    Per super-block, in integers: sum_g scale_g * <q_g, a_g> and the mins through the activation's group
-    sums; then ad * (d * scaled - dmin * mins).
-    """
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES
-        scaled, mins = block_sums(w, base, aqs, b * BLOCK, asum, b * N_GROUPS)
-        d = read_f16(w, base + _D)
-        dmin = read_f16(w, base + _DMIN)
-        acc += ad[b] * (d * np.float32(scaled) - dmin * np.float32(mins))
-    return acc
 
 
 # ----- quantization (llama.cpp's quantize_row_q2_K_ref) -----
@@ -196,6 +150,5 @@ QUANT = QuantType(
     act="q8_k",
     dequantize=dequantize,
     dequantize_row=dequantize_row,
-    vec_dot=vec_dot,
     quantize=quantize,
 )

@@ -20,16 +20,13 @@ Pairs with q8_k activations. The quantizer is llama.cpp's quantize_row_q3_K_ref 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import prange, types
-from numba.extending import intrinsic
+from numba import prange
 
+from ..jit import exact_kernel, read_f16
 from . import QuantType
-from .jit import exact_kernel, fast_kernel, read_f16
 from .q2_k import store_f16, unpack_2bit
-from .q6_k import GROUP_MAX_EPS
-from .q8_k import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
-from .vector import VectorCode
+from .kquant_fit import GROUP_MAX_EPS, make_q3_quants
+from .blocks import QK_K, as_blocks, as_float_blocks, f16_field, nearest_int
 
 BLOCK = QK_K
 BLOCK_BYTES = 110
@@ -92,116 +89,7 @@ def dequantize_row(src, out):
                 out[b * BLOCK + GROUP * g + l] = step * np.float32(low - 4 + 4 * high)
 
 
-def emit_scales(v: VectorCode, w_type, w, base):
-    """The 16 signed scales of the block at w[base:] as <16 x i8>, unpacked in vector registers.
-
-    Reads the 12 packed bytes as 8 + 4 (a 16-byte load could run past the end of the last block).
-    """
-    first8 = v.load(w_type, w, v.offset(base, _SCALES), 8)
-    last4 = v.load(w_type, w, v.offset(base, _SCALES + 8), 4)
-    low = v.join(v.and_(first8, 15), v.shr(first8, 4))  # groups 0..7, then 8..15
-    # group g's top 2 bits: bits 2*(g//4) of byte 8 + g%4
-    spread = v.shuffle(last4, [g % 4 for g in range(N_GROUPS)])
-    high = v.and_(v.shr(spread, [2 * (g // 4) for g in range(N_GROUPS)]), 3)
-    return v.builder.sub(v.or_(low, v.shl(high, 4)), v.constant(32, N_GROUPS, 8))
-
-
-@intrinsic
-def block_sum(typingctx, w, base, aqs, a, asum, group):
-    """sum_g scale_g * <q_g, a_g> over the 16 groups of the block at w[base:], against aqs[a : a+256]
-    and its group sums asum[group : group+16], as int32.
-
-    Works on the unsigned quants u = q + 4 = low | high << 2; the offset -4 comes back once per block
-    as -4 * sum_g scale_g * asum[g].
-    """
-    sig = types.int32(w, base, aqs, a, asum, group)
-
-    def codegen(context, builder, signature, args):
-        w_, base_, aqs_, a_, asum_, group_ = args
-        wt, at, st = signature.args[0], signature.args[2], signature.args[4]
-        v = VectorCode(context, builder)
-        scales = emit_scales(v, wt, w_, base_)
-        scales16 = v.widen(scales, 16)
-        hmask = v.load(wt, w_, v.offset(base_, _HMASK), 32)
-        acc = None
-        for h in range(2):
-            qs = v.load(wt, w_, v.offset(base_, _QS + 32 * h), 32)
-            for j in range(4):
-                g = 8 * h + 2 * j  # elements 128h + 32j .. +32 are groups g and g+1
-                u = v.or_(v.and_(v.shr(qs, 2 * j), 3), v.shl(v.and_(v.shr(hmask, 4 * h + j), 1), 2))
-                acts = v.load(at, aqs_, v.offset(a_, 128 * h + 32 * j), 32)
-                group_scales = v.shuffle(scales16, [g] * 8 + [g + 1] * 8)
-                acc = v.add(acc, v.scale_pairs(v.dot_pairs(u, acts), group_scales))
-        offset = v.sum(v.mul(v.widen(scales, 32), v.load(st, asum_, group_, N_GROUPS)))
-        return builder.sub(v.sum(acc), builder.mul(offset, ir.Constant(offset.type, 4)))
-
-    return sig, codegen
-
-
-@fast_kernel
-def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*110] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation."""
-    acc = np.float32(0.0)
-    for b in range(aqs.shape[0] // BLOCK):
-        base = b * BLOCK_BYTES
-        total = block_sum(w, base, aqs, b * BLOCK, asum, b * N_GROUPS)
-        acc += ad[b] * read_f16(w, base + _D) * np.float32(total)
-    return acc
-
-
 # ----- quantization (llama.cpp's quantize_row_q3_K_ref) -----
-
-
-@exact_kernel
-def make_q3_quants(nmax, x, levels):
-    """ggml's make_q3_quants with do_rmse: symmetric fit x ~ scale*(L - nmax), L in 0..2*nmax-1.
-
-    Starts from iscale = -nmax/max (max = the value of largest magnitude), then up to 5 passes that move
-    single levels wherever that raises sumlx^2/suml2 (weights x^2). Returns the float32 scale.
-    """
-    n = x.shape[0]
-    amax = np.float32(0.0)
-    vmax = np.float32(0.0)
-    for i in range(n):
-        if abs(x[i]) > amax:
-            amax = abs(x[i])
-            vmax = x[i]
-    if amax < GROUP_MAX_EPS:
-        for i in range(n):
-            levels[i] = 0
-        return np.float32(0.0)
-    iscale = -np.float32(nmax) / vmax
-    sumlx = np.float32(0.0)
-    suml2 = np.float32(0.0)
-    for i in range(n):
-        level = min(max(nearest_int(iscale * x[i]), -nmax), nmax - 1)
-        levels[i] = level
-        w = x[i] * x[i]
-        sumlx += w * x[i] * np.float32(level)
-        suml2 += w * np.float32(level) * np.float32(level)
-    for _ in range(5):
-        changed = 0
-        for i in range(n):
-            w = x[i] * x[i]
-            fl = np.float32(levels[i])
-            slx = sumlx - w * x[i] * fl
-            if slx > np.float32(0.0):
-                sl2 = suml2 - w * fl * fl
-                new_level = min(max(nearest_int(x[i] * sl2 / slx), -nmax), nmax - 1)
-                if new_level != levels[i]:
-                    fnew = np.float32(new_level)
-                    slx += w * x[i] * fnew
-                    sl2 += w * fnew * fnew
-                    if sl2 > np.float32(0.0) and slx * slx * suml2 > sumlx * sumlx * sl2:
-                        levels[i] = new_level
-                        sumlx = slx
-                        suml2 = sl2
-                        changed += 1
-        if changed == 0:
-            break
-    for i in range(n):
-        levels[i] += nmax
-    return sumlx / suml2 if suml2 > np.float32(0.0) else np.float32(0.0)
 
 
 @exact_kernel
@@ -268,6 +156,5 @@ QUANT = QuantType(
     act="q8_k",
     dequantize=dequantize,
     dequantize_row=dequantize_row,
-    vec_dot=vec_dot,
     quantize=quantize,
 )

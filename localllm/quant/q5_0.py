@@ -11,24 +11,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..jit import exact_kernel, read_f16
 from . import QuantType
-from ._legacy import (
-    block_terms_kernel,
-    dequantize_q5_block,
+from .blocks import (
+    as_blocks,
+    as_float_blocks,
+    dequantize_small_block,
     f16_bytes,
     f16_column,
-    grid_dot_intrinsic,
-    pair_grid_dots,
-    pair_terms_kernel,
     pack_high_bits,
     pack_nibbles,
     quantize_symmetric,
-    row_dot_kernel,
     unpack_high_bits,
     unpack_nibbles,
 )
-from .jit import exact_kernel, fast_kernel, read_f16
-from .q8_k import as_blocks, as_float_blocks
 
 BLOCK = 32
 BLOCK_BYTES = 22
@@ -51,31 +47,10 @@ def quantize(x: np.ndarray) -> np.ndarray:
 
 @exact_kernel
 def dequantize_row(src, out):
-    """src: uint8[nb*22] -> out: float32[nb*32]; each block d * (q - 16) (vector code: see _legacy)."""
+    """src: uint8[nb*22] -> out: float32[nb*32]; each block d * (q - 16)."""
     for b in range(out.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
-        dequantize_q5_block(src, base + 2, base + 6, 16, read_f16(src, base), np.float32(0.0), out, b * BLOCK)
+        dequantize_small_block(src, base + 2, base + 6, 16, read_f16(src, base), np.float32(0.0), False, out, b * BLOCK)
 
 
-block_terms = block_terms_kernel(BLOCK_BYTES, qs_offset=6, qh_offset=2, zero=16)
-row_dot = row_dot_kernel(block_terms)
-# Four weight rows x one activation (the decode matvec) and one weight row x four activation rows
-# (batched decode), each result equal to vec_dot's (vector.grid_dot_intrinsic).
-dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
-dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
-# Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): four weight rows
-# (pairs.PAIR_ROWS) against 8, 4 or 2 activation rows, by name (pairs.pair_kernel_names).
-ZERO_POINT = 16
-QUAD_ZERO = 0  # (Q8_0's per-lane starts: pairs.py)
-pair_terms = pair_terms_kernel(BLOCK_BYTES, qs_offset=6, qh_offset=2)
-PAIR_KERNELS = pair_grid_dots(pair_terms)
-
-
-@fast_kernel
-def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*22] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
-    Weights d * (q - 16): the offset folds into the activation's block sum (see _legacy.row_dot_kernel)."""
-    return row_dot(w, aqs, ad, asum, aqs.shape[0] // BLOCK)
-
-
-QUANT = QuantType(name="Q5_0", act="q8_0", dequantize=dequantize, dequantize_row=dequantize_row, vec_dot=vec_dot, quantize=quantize)
+QUANT = QuantType(name="Q5_0", act="q8_0", dequantize=dequantize, dequantize_row=dequantize_row, quantize=quantize)

@@ -9,8 +9,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from ...quant.jit import DOT_LANES, axpy4_f16_lanes, axpy_f16_lanes, dot4_f32_f16_lanes, dot_f32_f16_lanes
-from ...quant.jit import f16_to_f32, prefetch_lines
+from ...jit import cached_kernel, f16_to_f32
+from .quant_kernels.lanes import DOT_LANES, axpy4_f16_lanes, axpy_f16_lanes, dot4_f32_f16_lanes, dot_f32_f16_lanes, prefetch_lines
 
 
 # The decode attention kernels compute in a fixed order, without fast-math: with it, LLVM chose how to
@@ -20,7 +20,7 @@ from ...quant.jit import f16_to_f32, prefetch_lines
 # an intrinsic written as vector IR (dot_f32_f16_lanes): its order is fixed by the IR and it still runs
 # packed, 6x faster than plain Numba loops without fast-math (a 256-wide head over 640 keys: 33 -> 5 us).
 # fastmath=False is stated: an unstated option is inherited from a fast-math caller.
-_ordered = numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+_ordered = cached_kernel(nogil=True, fastmath=False, error_model="numpy")
 
 
 @_ordered
@@ -168,7 +168,7 @@ def _attend_heads(q, scores, out, h, n, cache_k, cache_v, table, kvh, first, pos
         h += 1
 
 
-@numba.njit(cache=True, nogil=True)
+@cached_kernel(nogil=True)
 def _first_key(pos, window):
     """The first position a query at `pos` sees (window 0: the whole context)."""
     if window > 0 and pos - window + 1 > 0:
@@ -176,7 +176,7 @@ def _first_key(pos, window):
     return 0
 
 
-@numba.njit(cache=True, nogil=True)
+@cached_kernel(nogil=True)
 def attention_jobs(n_rows, n_head, n_head_kv, heads_per_job):
     """How many jobs the decode attention kernels split into: per query row, per key head, runs of up to
     heads_per_job of its query heads (4 lets _attend4 share each cached row; 1 gives more, smaller jobs
@@ -185,7 +185,7 @@ def attention_jobs(n_rows, n_head, n_head_kv, heads_per_job):
     return n_rows * n_head_kv * ((group + heads_per_job - 1) // heads_per_job)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+@cached_kernel(nogil=True, fastmath=False, error_model="numpy")
 def _job_heads(job, n_head, n_head_kv, heads_per_job):
     """(row index, key head, first query head, number of heads) of attention job `job`."""
     group = n_head // n_head_kv
@@ -197,7 +197,7 @@ def _job_heads(job, n_head, n_head_kv, heads_per_job):
     return t, kvh, kvh * group + first_in_group, min(heads_per_job, group - first_in_group)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+@cached_kernel(nogil=True, fastmath=False, error_model="numpy")
 def _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, heads_per_job, job):
     """Job `job` of `attention` (see _job_heads), over the contiguous cache seen as block 0 of a paged one."""
     n_head = q.shape[1]
@@ -207,7 +207,7 @@ def _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, 
                   _first_key(pos, window), pos, scale)
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
+@cached_kernel(nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def attention(q, cache_k, cache_v, start, scale, window, out, scores, heads_per_job):
     """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D];
     scores float32[T*Hq, n_keys] scratch with n_keys >= start+T; heads_per_job: see attention_jobs
@@ -219,7 +219,7 @@ def attention(q, cache_k, cache_v, start, scale, window, out, scores, heads_per_
         _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, heads_per_job, job)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+@cached_kernel(nogil=True, fastmath=False, error_model="numpy")
 def attention_serial(q, cache_k, cache_v, start, scale, window, out, scores, heads_per_job):
     """`attention` on the calling thread (see rms_norm_serial)."""
     one_block = np.zeros(1, dtype=np.int32)
@@ -245,7 +245,7 @@ def attention_by_head(q, cache_k, cache_v, start, scale, window, out, scores):
             _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, first, pos, scale, scores[t * n_head + h], out[t, h])
 
 
-@numba.njit(cache=True, nogil=True, parallel=True, fastmath=False, error_model="numpy")
+@cached_kernel(nogil=True, parallel=True, fastmath=False, error_model="numpy")
 def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, window, out, scores, heads_per_job):
     """The `attention` kernel over a paged cache, for the rows listed in `rows` only.
 

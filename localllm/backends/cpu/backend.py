@@ -11,6 +11,7 @@ import numpy as np
 
 from ... import host, quant
 from ...errors import LocalLLMError
+from ...jit import configure_numba
 from ...runtime import Runtime
 from ..base import Backend, Weight
 from . import attention_decode, kernels
@@ -64,7 +65,7 @@ class CPUBackend(Backend):
         # Process-wide settings, each idempotent, before the first kernel and before Numba's pool starts
         # (ThreadPolicy sets Numba's thread count, which starts it).
         configure_openmp_waiting(runtime.openmp_spincount)  # bounded spinning for idle OpenMP workers
-        # configure_numba(runtime)  # <- the kernels' Numba configuration (SLP vectorizer, cache locators): wired at merge
+        configure_numba()  # before any kernel compiles (idempotent): the SLP vectorizer, the kernel cache
         self.thread_policy = ThreadPolicy(self.threads, BLAS_MIN_ROWS)
         self.scratch = MatmulScratch()
         self.layouts = WeightLayouts(self.repack, self.scratch)

@@ -10,7 +10,7 @@ import numpy as np
 from numba import prange
 
 from ...quant.activation import quantize_q8_0, quantize_q8_k
-from ...quant.jit import exact_kernel, f16_to_f32, f32_to_f16_bits, fast_kernel, u32_as_f32
+from ...jit import cached_kernel, exact_kernel, f16_to_f32, f32_to_f16_bits, fast_kernel, u32_as_f32
 
 SQRT_2_OVER_PI = 0.7978845608028654
 
@@ -254,7 +254,7 @@ _LN2_LO = 1.4286068203094173e-06  # ln 2 - _LN2_HI
 # fastmath=False said explicitly: an undecorated option is inherited from the caller (Numba's flag
 # inheritance), and this runs inside a fast-math kernel where reassociation would fold the two-part ln2
 # into one float32 constant (measured: errors growing with |x| to 4.4 ulp near -87, against 1.2).
-@numba.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+@cached_kernel(nogil=True, fastmath=False, error_model="numpy")
 def _exp_nonpositive(x):
     """exp(x) for float32 x <= 0, in float32, written so that LLVM vectorises it (math.exp is a scalar
     libm call in Numba without SVML): x = n ln2 + r, exp(r) by polynomial, 2^n built from its bits.

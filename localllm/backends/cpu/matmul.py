@@ -16,16 +16,15 @@ from functools import lru_cache
 import numba
 import numpy as np
 
+from ...gguf.reader import release_pages
 from ...quant import QuantType
 from ...quant.activation import QK8_0, QK_K, QuantizedActivation
-from ...quant.kquant_rows import ROW_KERNELS
-from ...gguf.reader import release_pages
-from ...quant import q4_k_tiles, q4_k_x16, q6_k_tiles
-from ...quant.q4_k_tiles import TILE
-from ...quant.q4_k_tiles import MIN_ROWS as TILE_MIN_ROWS
-from ...quant.q4_k_tiles import available as tiles_available
-from .drivers import drivers, has_pair_kernels, row_drivers
+from .drivers import drivers, row_drivers
 from .kernels import quantize_rows_q8_0, quantize_rows_q8_k
+from .quant_kernels import kernel_record
+from .quant_kernels.q4_k_tiles import MIN_ROWS as TILE_MIN_ROWS
+from .quant_kernels.q4_k_tiles import TILE
+from .quant_kernels.q4_k_tiles import available as tiles_available
 
 # From this many activation rows a matmul of a type without multi-row kernels (below) goes through
 # dequantized tiles + BLAS (and a batch is a prefill whose other ops leave the cores to BLAS:
@@ -41,7 +40,7 @@ def has_multirow_kernels(qt: QuantType) -> bool:
     """Whether the type's batched matvec unpacks each weight block once for many activation rows (the
     pair kernels of the 32-element types, the K-quant row kernels), rather than one vec_dot per weight
     and activation row."""
-    return has_pair_kernels(qt) or (qt.act == "q8_k" and qt.name in ROW_KERNELS)
+    return kernel_record(qt).has_multirow_kernels
 
 
 def blas_min_rows(qt: QuantType) -> int:
@@ -179,26 +178,22 @@ def _integer_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.nda
         matmul_rows(qt, weights, x, out, scratch)
 
 
-# The types with a tile kernel (weight rows as vector lanes), by name, as kquant_rows.ROW_KERNELS.
-TILE_KERNELS = {**q4_k_tiles.TILE_KERNELS, **q6_k_tiles.TILE_KERNELS}
-
-
 def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
     """out[T, N] = x[T, K] @ W.T, each row exactly as the one-row decode path computes it (integer
     vec_dot over the quantized activation), the weights streamed once for all T rows: through the type's
-    tile kernel (q4_k_tiles, q6_k_tiles: weight rows as lanes) for batches of TILE_MIN_ROWS rows or more where the
-    target has it fast, else the row kernels."""
+    tile kernel (the record's `tiles`: weight rows as lanes) for batches of its min_rows rows or more
+    where the target has it fast, else the row kernels."""
     if isinstance(weights, PackedWeights):
         weights.matmul(x, out, scratch, numba.get_num_threads())
         return
     act = scratch.batch_activation(qt.act, x.shape[0], x.shape[1])
     args = act.quantize(x)
-    tiles = TILE_KERNELS.get(qt.name)
+    tiles = kernel_record(qt).tiles
     n_tiled = weights.shape[0] - weights.shape[0] % TILE
-    if tiles is None or x.shape[0] < TILE_MIN_ROWS or n_tiled == 0 or not _tiles_available():
+    if tiles is None or x.shape[0] < tiles.min_rows or n_tiled == 0 or not _tiles_available():
         row_drivers(qt).matvec_rows(weights, out, *args)
         return
-    tiles(weights, out, *args)
+    tiles.matvec(weights, out, *args)
     if n_tiled < weights.shape[0]:  # the last N % 16 rows by the row kernels
         rest = scratch.tail(x.shape[0], weights.shape[0] - n_tiled)
         row_drivers(qt).matvec_rows(weights[n_tiled:], rest, *args)
@@ -210,13 +205,10 @@ def _tiles_available() -> bool:
     return tiles_available()
 
 
-# The types whose rows can be re-laid 16 at a time for the lane kernels at every batch size (decode too).
-PACKED_KERNELS = {"Q4_K": q4_k_x16}
-
-
 class PackedWeights:
-    """A matrix whose first N - N % 16 rows are re-laid for a lane kernel (q4_k_x16: each record the
-    transpose of 16 rows' super-block, word by word), the last rows left as they are, for the row
+    """A matrix whose first N - N % 16 rows are re-laid for a lane kernel (the kernel record's `packed`:
+    for Q4_K quant_kernels.q4_k_x16, each record the transpose of 16 rows' super-block, word by word),
+    the last rows left as they are, for the row
     kernels. Products equal the row kernels' bit for bit at every batch size, so a model computes the
     same with or without it.
 
@@ -225,13 +217,13 @@ class PackedWeights:
     bytes once, as llama.cpp does with its repacked CPU buffers."""
 
     def __init__(self, qt: QuantType, weights: np.ndarray):
-        module = PACKED_KERNELS[qt.name]
+        packed = kernel_record(qt).packed
         self.qt = qt
         self.shape = weights.shape
         self.n_blocks = weights.shape[1] // qt.type_size
         self.n_packed = weights.shape[0] - weights.shape[0] % TILE
-        self.kernel = module.matvec_packed
-        self.packed = module.pack(weights)
+        self.kernel = packed.matvec
+        self.packed = packed.pack(weights)
         self.tail = weights[self.n_packed :]
         release_pages(weights[: self.n_packed])
 
@@ -239,7 +231,7 @@ class PackedWeights:
     def suits(qt: QuantType, weights: np.ndarray) -> bool:
         """Whether a weight gains from the layout: a type with a packed kernel, on a target where the
         lane kernels are fast (AVX-512 VNNI), with at least one tile of rows."""
-        return qt.name in PACKED_KERNELS and weights.ndim == 2 and weights.shape[0] >= TILE and _tiles_available()
+        return kernel_record(qt).packed is not None and weights.ndim == 2 and weights.shape[0] >= TILE and _tiles_available()
 
     def matmul(self, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch, threads: int) -> None:
         """out[T, N] = x[T, K] @ W.T, each row as the one-row kernel computes it; `threads`: Numba's

@@ -69,7 +69,7 @@ def marker_path(model_path, repack: bool, runtime: Optional[Runtime] = None) -> 
     the kernel sources, the machine (_machine_key), whether Q4_K matrices are re-laid (LOCALLLM_REPACK:
     another kernel) and the model file (path, size, modification time); in runtime's kernel folder
     (default: the settings resolved from the environment now)."""
-    from ...quant.jit import kernel_sources_hash
+    from ...jit import kernel_sources_hash
 
     runtime = runtime or Runtime.resolve()
     path = Path(model_path).resolve()

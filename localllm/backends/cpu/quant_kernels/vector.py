@@ -12,6 +12,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .vector_sums import FloatSums
+from .vector_wide import WideOps
+
 # ----- Vector building blocks for the block dot products -----
 #
 # Numba's auto-vectorizer turns an unpack-multiply-add loop over 4-bit quants into 128-bit code that
@@ -95,7 +98,7 @@ def _target_has_avx512_masks(context) -> bool:
     return VECTOR_ISA == "auto" and {"+avx512bw", "+avx512vl"} <= _target_features(context)
 
 
-class VectorCode:
+class VectorCode(WideOps, FloatSums):
     """Emits vector IR into one Numba intrinsic's body (builder) for the compile target (context)."""
 
     def __init__(self, context, builder):
@@ -328,107 +331,6 @@ class VectorCode:
         return sums if start is None else self.builder.add(start, sums)
 
 
-    # -- 64 bytes at a time (the K-quants' super-blocks): dot_pairs / scale_pairs on 512-bit vectors where
-    # the target has AVX-512 BW (one instruction for two 32-weight sub-blocks), else on two 256-bit halves;
-    # the lanes are the same integers either way --
-
-    def dot_pairs_wide(self, unsigned_bytes, signed_bytes):
-        """<64 x i8> (as unsigned, <= 127) * <64 x i8> (signed) -> <32 x i16>: adjacent products summed."""
-        if self.avx512_bw:
-            args = [unsigned_bytes, signed_bytes]
-            return self._x86("llvm.x86.avx512.pmaddubs.w.512", args, self.vector_type(32, 16))
-        halves = [
-            self.dot_pairs(self.shuffle(unsigned_bytes, range(32 * i, 32 * i + 32)), self.shuffle(signed_bytes, range(32 * i, 32 * i + 32)))
-            for i in range(2)
-        ]
-        return self.join(*halves)
-
-    def scale_pairs_wide(self, pairs, scales):
-        """<32 x i16> * <32 x i16> -> <16 x i32>: adjacent products summed."""
-        if self.avx512_bw:
-            return self._x86("llvm.x86.avx512.pmaddw.d.512", [pairs, scales], self.vector_type(16, 32))
-        halves = [
-            self.scale_pairs(self.shuffle(pairs, range(16 * i, 16 * i + 16)), self.shuffle(scales, range(16 * i, 16 * i + 16)))
-            for i in range(2)
-        ]
-        return self.join(*halves)
-
-    def scaled_quads_wide(self, runs, scales):
-        """Two runs of 64 weights against their activations, scaled: runs = ((q0, a0), (q1, a1)), each
-        <64 x i8> (quants unsigned, activations signed, 4 * max q * 128 < 2^15) -> <16 x i32> partial
-        sums of scale * product over all 128 products, for the target with AVX-512 VNNI: one vpdpbusd
-        per run (int32 lanes of 4 products each, which fit in int16), one vpackssdw of the two (exact),
-        one vpmaddwd by `scales`, the words quad_scales lays out. Three 512-bit multiplies for 128
-        weights where dot_pairs_wide + scale_pairs_wide take four: Q4_K's batched kernels 7-10% faster
-        per row on Zen 4 (which executes one such multiply per cycle). The partial sums are spread over
-        the lanes differently from the other way; their total is the same integer."""
-        zero = self.constant(0, 16, 32)
-        quads = [self._vpdpbusd(zero, q, a) for q, a in runs]
-        words = self._x86("llvm.x86.avx512.packssdw.512", quads, self.vector_type(32, 16))
-        return self._x86("llvm.x86.avx512.pmaddw.d.512", [words, scales], self.vector_type(16, 32))
-
-    def quad_scales(self, words8, scale_of):
-        """The scales operand of scaled_quads_wide: word w = words8[scale_of(which, element)] for the
-        run (0 or 1) and the first of the 4 elements whose products word w holds. vpackssdw interleaves
-        its sources per 128-bit lane: four int32 lanes of the first run, then four of the second."""
-        picks = []
-        for w in range(32):
-            block, i = divmod(w, 8)
-            which, lane = (0, 4 * block + i) if i < 4 else (1, 4 * block + i - 4)
-            picks.append(scale_of(which, 4 * lane))
-        return self.pick_words(words8, picks)
-
-    def bit_fields_wide(self, vec, low_bits, high_bits):
-        """vec (<32 x i8>) -> <64 x i8>: in the first 32 lanes bits low_bits[j] of each byte moved to bit
-        j, in the last 32 bits high_bits[j] (every other bit 0). With GFNI (and AVX-512 BW) one
-        gf2p8affineqb on vec in both halves, whose bit matrix is per 64-bit lane; else masks and shifts."""
-        if self.gfni and self.avx512_bw:
-            both = self.join(vec, vec)
-            matrix = []
-            for fields in (low_bits, high_bits):
-                rows = [0] * 8  # result bit i = parity(matrix byte 7 - i AND x)
-                for j, bit in fields.items():
-                    rows[7 - j] = 1 << bit
-                matrix += rows * 4
-            return self._x86("llvm.x86.vgf2p8affineqb.512", [both, ir.Constant(both.type, matrix), ir.Constant(ir.IntType(8), 0)], both.type)
-        halves = []
-        for fields in (low_bits, high_bits):
-            masks = {}  # bits moved by the same distance: one mask and one shift
-            for j, bit in fields.items():
-                masks[j - bit] = masks.get(j - bit, 0) | 1 << bit
-            result = None
-            for move, mask in masks.items():
-                field = self.and_(vec, mask)
-                field = self.shl(field, move) if move > 0 else self.shr(field, -move) if move < 0 else field
-                result = field if result is None else self.or_(result, field)
-            halves.append(result)
-        return self.join(*halves)
-
-    def pick_words(self, words8, picks):
-        """<8 x i16> words8 -> <32 x i16>, lane i = words8[picks[i]]. With AVX-512 BW words8 is broadcast
-        to the four 128-bit lanes once (the caller's several picks share it) and each pick is one in-lane
-        vpshufb; elsewhere a shuffle."""
-        if not self.avx512_bw:
-            return self.shuffle(words8, picks)
-        both = self.bitcast(self.shuffle(words8, list(range(8)) * 4), 64, 8)
-        control = ir.Constant(both.type, [2 * picks[i // 2] + i % 2 for i in range(64)])
-        return self.bitcast(self._x86("llvm.x86.avx512.pshuf.b.512", [both, control], both.type), 32, 16)
-
-    def sum_two(self, a, b):
-        """The (wrapping) lane sums of two integer vectors of one type, by one halving tree for both."""
-        builder = self.builder
-        lanes = a.type.count
-        vec = builder.add(
-            builder.shuffle_vector(a, b, self._lane_list(list(range(lanes // 2)) + list(range(lanes, lanes + lanes // 2)))),
-            builder.shuffle_vector(a, b, self._lane_list(list(range(lanes // 2, lanes)) + list(range(lanes + lanes // 2, 2 * lanes)))),
-        )
-        while vec.type.count > 2:  # lanes [a's | b's], each half halved in place
-            quarter = vec.type.count // 4
-            first = [i for h in (0, 2 * quarter) for i in range(h, h + quarter)]
-            vec = builder.add(self.shuffle(vec, first), self.shuffle(vec, [i + quarter for i in first]))
-        i32 = ir.IntType(32)
-        return builder.extract_element(vec, i32(0)), builder.extract_element(vec, i32(1))
-
     # -- whole rows: float accumulation across blocks, as llama.cpp's AVX2 kernels do --
 
     def load_f16_splat(self, array_type, array, byte_index, lanes: int = 8):
@@ -489,84 +391,6 @@ class VectorCode:
         vec = self.builder.insert_element(vec, value, ir.Constant(ir.IntType(32), 0))
         return self.builder.shuffle_vector(vec, vec, self._lane_list([0] * lanes))
 
-    def float_sum(self, vec):
-        """Sum of the lanes of a float vector by halving (a short tree, not a serial chain)."""
-        while vec.type.count > 1:
-            half = vec.type.count // 2
-            vec = self.builder.fadd(self.shuffle(vec, range(half)), self.shuffle(vec, range(half, 2 * half)), flags=self.PINNED)
-        return self.builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
-
-    def row_sum(self, n_blocks, block):
-        """sum over b < n_blocks of scale_b * sum(ints_b) [+ extra_b], where block(b) returns (ints_b
-        <8 x i32>, scale_b float or <8 x float>) or (ints_b, scale_b, extra_b float or None).
-
-        The int32 lanes are converted and scaled as a vector and added into one float vector accumulator
-        in block order, then summed by halving: the order of llama.cpp's AVX2 kernels (a fused
-        multiply-add per block, then hsum_float_8); 14 of the 18 Q8_0 dot products in llama.cpp's
-        reference vectors come out bit-identical. The order matters more than it seems: with the blocks
-        split over two accumulators (no faster here, measured) Gemma 3's KL against llama.cpp's logits
-        at a 6-token prompt doubled, 0.0066 -> 0.0122.
-        Returns the float32 total.
-        """
-        return self.grid_sum(n_blocks, lambda b, i: block(b), 1)[0]
-
-    # Float flags of the accumulation: set explicitly, because Numba's fast-math pass gives every float
-    # operation that has no flags the full fast-math set, and with it LLVM may reorder a sum differently
-    # in differently shaped kernels (measured: a 1x4 grid dot then differed from row_dot in the last bit).
-    # With these, each dot's accumulation is the same operations in the same order in every kernel.
-    PINNED = ("contract",)
-
-    def _accumulate(self, acc, ints, scale, extra):
-        """acc + float(ints) * scale [+ extra in lane 0], as one fused multiply-add per block (llama.cpp's
-        _mm256_fmadd_ps); with a float extra term (a minimum's share) the sum is fma(...) then one add.
-        On 16 lanes (two dots side by side, see grid_sum) extra is a pair, for lanes 0 and 8."""
-        builder = self.builder
-        vecf = acc.type
-        lanes = vecf.count
-        if not isinstance(scale.type, ir.VectorType):
-            scale = self.splat(scale, lanes)
-        fnty = ir.FunctionType(vecf, [vecf] * 3)
-        fma = cgutils.get_or_insert_function(builder.module, fnty, f"llvm.fma.v{lanes}f32")
-        values = builder.sitofp(ints, vecf)
-        if extra is None:
-            return builder.call(fma, [values, scale, acc])
-        extras = extra if isinstance(extra, (tuple, list)) else (extra,)
-        start = ir.Constant(vecf, [0.0] * lanes)
-        for k, value in enumerate(extras):
-            start = builder.insert_element(start, value, ir.Constant(ir.IntType(32), 8 * k))
-        return builder.fadd(acc, builder.call(fma, [values, scale, start]), flags=self.PINNED)
-
-    def grid_sum(self, n_blocks, block, n_dots: int, lanes: int = 8, reduce: bool = True):
-        """n_dots dot products at once, interleaved block by block: block(b, i) returns dot i's
-        (ints, scale[, extra]) for block b, as row_sum's block(b) does. Returns the n_dots float32 totals.
-
-        Each dot has its own accumulator, updated in row_sum's order with row_sum's operations, so each
-        total equals what row_sum gives for that dot alone, bit for bit. Why interleave: row_sum's one
-        float add chain waits on the add latency every block (a Q8_0 block's integer work is shorter
-        than that), while n_dots independent chains overlap; and where dots share a weight row (several
-        activation rows) or an activation (several weight rows), LLVM merges the identical loads and
-        unpacking, so a weight block is unpacked once for all the activation rows it meets.
-
-        lanes 16: each block(b, i) gives two dots side by side (lanes 0-7 and 8-15, every operation lane
-        by lane, so each half is what 8 lanes give alone); returns 2 * n_dots totals, in that order.
-        reduce False: the n_dots float accumulators instead, for the caller to sum in float_sum's order.
-        """
-        builder = self.builder
-        zero = ir.Constant(ir.VectorType(ir.FloatType(), lanes), [0.0] * lanes)
-        accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_dots)]
-        with cgutils.for_range(builder, n_blocks) as loop:
-            for i, acc_pointer in enumerate(accs):
-                ints, scale, *extra = block(loop.index, i)
-                extra = extra[0] if extra else None
-                builder.store(self._accumulate(builder.load(acc_pointer), ints, scale, extra), acc_pointer)
-        if not reduce:
-            return [builder.load(acc_pointer) for acc_pointer in accs]
-        totals = []
-        for acc_pointer in accs:
-            acc = builder.load(acc_pointer)
-            for half in range(lanes // 8):
-                totals.append(self.float_sum(self.shuffle(acc, range(8 * half, 8 * half + 8)) if lanes > 8 else acc))
-        return totals
 
 
 def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):

@@ -33,7 +33,7 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 
-from .jit import exact_kernel
+from ....jit import exact_kernel
 from .q4_k import BLOCK_BYTES
 from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, activation_quads, float_steps, sub_block_sum_pairs
 from .q4_k_tiles import tile_dots_1, tile_dots_4

@@ -1,118 +1,17 @@
-"""How every localllm Numba kernel is compiled.
+"""SIMD lane helpers written as LLVM vector IR: float32 x float16 dot products and axpys in a fixed
+order (the decode attention's key and value rows), and a cache-line prefetch.
 
-Numba ships LLVM's SLP vectorizer switched off (`NUMBA_SLP_VECTORIZE=0`). Our block dot products are short
-fixed-length integer loops (32 int8 products summed, then scaled) that only the SLP vectorizer turns into
-packed AVX2/AVX-512 instructions: measured on this machine kind, a Q8_0 matvec runs 5x faster with it on.
-Numba's on-disk cache does not key on the setting, so it must be in force whenever a localllm kernel is
-compiled; it is set here, in the one module every kernel module imports, rather than left to the user's
-environment. It changes how Numba optimises code compiled from now on and nothing else.
-
-Two decorators:
-- `exact_kernel`: IEEE arithmetic as written (no fast-math), for dequantizers and quantizers that must
-  equal llama.cpp's reference bit for bit (fast-math would contract a*b+c into an FMA and change roundings).
-- `fast_kernel`: fast-math allowed, for dot products whose float reductions may be reordered.
+They are Numba intrinsics (llvmlite code generation), used by the CPU backend's attention kernels only.
 """
 
 from __future__ import annotations
 
-import hashlib
 from contextlib import contextmanager
-from functools import lru_cache
-from pathlib import Path
 
-import numba
-import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
-
-numba.config.SLP_VECTORIZE = 1
-
-
-# ----- Numba's on-disk cache, keyed on every kernel source -----
-#
-# Numba keeps a cached kernel while *its own* file is unchanged, but our kernels inline intrinsics and
-# helpers from other files (vector.VectorCode, _legacy, jit): after an edit there, a type module's cached
-# vec_dot stays the old code while freshly compiled drivers (whose file names carry a source hash) use
-# the new one, so the two can disagree (seen during development, until the cache was emptied). So
-# for the files of localllm.quant and localllm.backends.cpu the cache's source stamp also carries a
-# hash of all those files: any edit there recompiles every kernel once. (Numba's locator list is not
-# public API; if it moves, this does nothing and the old behaviour stays.)
-
-_KERNEL_DIRS = tuple(
-    str(Path(__file__).resolve().parent / sub) for sub in (".", "../backends/cpu")
-)
-
-
-@lru_cache(maxsize=1)
-def kernel_sources_hash() -> str:
-    digest = hashlib.sha256()
-    for folder in _KERNEL_DIRS:
-        for path in sorted(Path(folder).resolve().glob("*.py")):
-            digest.update(path.name.encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def _is_kernel_file(py_file) -> bool:
-    folder = str(Path(py_file).resolve().parent)
-    return any(folder == str(Path(d).resolve()) for d in _KERNEL_DIRS)
-
-
-def _keyed_on_kernel_sources(base):
-    class Locator(base):
-        @classmethod
-        def from_function(cls, py_func, py_file):
-            if not _is_kernel_file(py_file):
-                return None
-            return super().from_function(py_func, py_file)
-
-        def get_source_stamp(self):
-            return (super().get_source_stamp(), kernel_sources_hash())
-
-    Locator.__name__ = f"KernelSources{base.__name__}"
-    return Locator
-
-
-def _install_cache_locators() -> None:
-    from numba.core import caching
-
-    impl = getattr(caching, "CacheImpl", None)
-    locators = getattr(impl, "_locator_classes", None)
-    names = ("UserProvidedCacheLocator", "InTreeCacheLocator", "UserWideCacheLocator")
-    if not isinstance(locators, list) or not all(hasattr(caching, n) for n in names):
-        return
-    if any(getattr(c, "__name__", "").startswith("KernelSources") for c in locators):
-        return
-    locators[:0] = [_keyed_on_kernel_sources(getattr(caching, n)) for n in names]
-
-
-_install_cache_locators()
-
-
-def exact_kernel(fn=None, *, parallel: bool = False):
-    deco = numba.njit(cache=True, nogil=True, parallel=parallel, error_model="numpy")
-    return deco(fn) if fn is not None else deco
-
-
-def fast_kernel(fn=None, *, parallel: bool = False):
-    deco = numba.njit(cache=True, nogil=True, parallel=parallel, fastmath=True, error_model="numpy")
-    return deco(fn) if fn is not None else deco
-
-
-@intrinsic
-def f16_to_f32(typingctx, bits):
-    """IEEE half given as its 16 bits (any integer type) -> float32, exactly (LLVM fpext: F16C on x86)."""
-    sig = types.float32(bits)
-
-    def codegen(context, builder, signature, args):
-        (value,) = args
-        as_i16 = builder.trunc(value, ir.IntType(16)) if value.type.width > 16 else builder.zext(value, ir.IntType(16)) if value.type.width < 16 else value
-        return builder.fpext(builder.bitcast(as_i16, ir.HalfType()), ir.FloatType())
-
-    return sig, codegen
-
 
 DOT_LANES = 16
 PINNED = ("arcp",)  # a float flag that permits nothing for + and *: keeps Numba's fast-math rewrite off
@@ -280,86 +179,3 @@ def prefetch_lines(typingctx, array, n_bytes):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-@intrinsic
-def fma_f32(typingctx, a, b, c):
-    """a * b + c rounded once (llvm.fma.f32), float32. A call, not a reassociable fadd: a loop
-    `acc = fma_f32(x, y, acc)` sums in its written order in every kernel it is inlined into (a fast-math
-    `acc += x * y` was reordered differently in different drivers, measured on IQ4_NL). In a fast-math
-    kernel Numba flags the call too, as it does q4_k's and q6_k's accumulation steps, which rely on the
-    same: LLVM keeps a flagged fma a single fma."""
-    if not all(t == types.float32 for t in (a, b, c)):
-        return None
-    sig = types.float32(a, b, c)
-
-    def codegen(context, builder, signature, args):
-        f32 = ir.FloatType()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32, [f32] * 3), "llvm.fma.f32")
-        return builder.call(fma, args)
-
-    return sig, codegen
-
-
-@intrinsic
-def u32_as_f32(typingctx, bits):
-    """Reinterpret the 32 bits of an unsigned integer as a float32 (no conversion)."""
-    sig = types.float32(bits)
-
-    def codegen(context, builder, signature, args):
-        (value,) = args
-        as_i32 = builder.trunc(value, ir.IntType(32)) if value.type.width > 32 else value
-        return builder.bitcast(as_i32, ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def f32_bits(typingctx, value):
-    """The 32 bits of a float32 as an int32 (no conversion): with the sign bit cleared, their order
-    is the order of the magnitudes, for every value but NaN, which an integer max reduces in vector
-    registers where a float compare-and-keep loop stays scalar (quant.activation)."""
-    if not isinstance(value, types.Float) or value.bitwidth != 32:
-        return None
-    sig = types.int32(value)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.IntType(32))
-
-    return sig, codegen
-
-
-@exact_kernel
-def read_f16(buf, offset):
-    """float32 value of the little-endian half stored at buf[offset:offset+2] (buf: uint8[:])."""
-    return f16_to_f32(np.uint16(buf[offset]) | (np.uint16(buf[offset + 1]) << np.uint16(8)))
-
-
-@exact_kernel
-def read_f32(buf, offset):
-    """float32 stored little-endian at buf[offset:offset+4] (buf: uint8[:])."""
-    bits = (
-        np.uint32(buf[offset])
-        | (np.uint32(buf[offset + 1]) << np.uint32(8))
-        | (np.uint32(buf[offset + 2]) << np.uint32(16))
-        | (np.uint32(buf[offset + 3]) << np.uint32(24))
-    )
-    return u32_as_f32(bits)
-
-
-@intrinsic
-def f32_to_f16_bits(typingctx, value):
-    """float32 -> the 16 bits of the nearest float16 (round to nearest even, as F16C and numpy do)."""
-    sig = types.uint16(types.float32)
-
-    def codegen(context, builder, signature, args):
-        (x,) = args
-        return builder.bitcast(builder.fptrunc(x, ir.HalfType()), ir.IntType(16))
-
-    return sig, codegen
-
-
-@exact_kernel
-def round_to_f16(value):
-    """float32 value rounded to the nearest float16, returned as float32."""
-    return f16_to_f32(f32_to_f16_bits(np.float32(value)))

@@ -43,7 +43,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import q4_k, q5_k, q6_k
-from .jit import exact_kernel
+from ....jit import exact_kernel
 from .vector import VectorCode
 
 NO_FAST_MATH = q4_k.NO_FAST_MATH  # a flag that permits nothing here, so fast-math leaves the op alone
@@ -386,6 +386,3 @@ q6_k_rows_16, q6_k_rows_8, q6_k_rows_4, q6_k_rows_2 = (
     _rows_intrinsic(n, q6_k.BLOCK_BYTES, 60, 16, _q6_k_shared, _q6_k_ints, _q6_k_float) for n in (16, 8, 4, 2)
 )
 
-# The types with kernels here: QuantType name -> the prefix of their names (<prefix>_pack, <prefix>_rows_8,
-# <prefix>_rows_4, <prefix>_rows_2).
-ROW_KERNELS = {"Q4_K": "q4_k", "Q5_K": "q5_k", "Q6_K": "q6_k"}

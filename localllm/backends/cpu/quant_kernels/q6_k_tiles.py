@@ -15,7 +15,7 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 
-from .jit import exact_kernel, read_f16
+from ....jit import exact_kernel, read_f16
 from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums
 from .q6_k import BLOCK_BYTES
 from .vector import VectorCode
@@ -155,4 +155,3 @@ def matvec_tiles(weights, out, qs, d, s):
                     out[t, r0 + i] = acc[t - t0, i]
 
 
-TILE_KERNELS = {"Q6_K": matvec_tiles}

@@ -28,7 +28,7 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from .jit import exact_kernel, read_f16
+from ....jit import exact_kernel, read_f16
 from .q4_k import BLOCK, BLOCK_BYTES, emit_scale_min_codes
 from .vector import VectorCode, _target_has_avx512_bw, _target_has_avx512_vnni
 
@@ -280,5 +280,3 @@ def matvec_tiles(weights, out, qs, d, s):
                     out[t, r0 + i] = acc[t - t0, i]
 
 
-# The types with a tile kernel, by name (the batched matmul's dispatch, as kquant_rows.ROW_KERNELS).
-TILE_KERNELS = {"Q4_K": matvec_tiles}

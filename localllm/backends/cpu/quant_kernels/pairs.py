@@ -42,7 +42,7 @@ from llvmlite import ir
 from numba import prange, types
 from numba.extending import intrinsic
 
-from .jit import exact_kernel, fast_kernel
+from ....jit import exact_kernel, fast_kernel
 from .vector import VectorCode
 
 SPREAD_MAX_BYTES = 32768  # the largest spread group (4 pairs of pq + pd + ps) the driver uses

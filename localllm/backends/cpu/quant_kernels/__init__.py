@@ -1,0 +1,253 @@
+"""The CPU kernels of every quant type, declared in ONE table: `kernel_record(name)`.
+
+A type's record names everything the CPU backend runs for it (formats: localllm/quant):
+- `vec_dot`: the one-row dot product of a weight row with an activation in the type's pairing format
+  (`qt.act`; see quant/activation.py):
+    act "f32":  vec_dot(w: uint8[row_bytes], x: float32[n]) -> float32
+    act "q8_0": vec_dot(w, qs: int8[n], d: float32[n/32], s: int32[n/32]) -> float32   (s = sum of qs per block)
+    act "q8_k": vec_dot(w, qs: int8[n], d: float32[n/256], s: int32[n/16]) -> float32  (s = sum of qs per 16)
+- `dequantize_row`: the exact row dequantizer the prefill's tiles and the row gathers use (vector code
+  where the type has one, else quant's plain one; the same bits either way);
+- the multi-row kernels, by strategy (docs/architecture.md has the glossary):
+    grid:   several dot products at once (dot_4x1: four weight rows x one activation, the decode matvec;
+            dot_1x4: one weight row x four activations), with ONE_ROW_MIN_BYTES, the matrix size from
+            which the matvec goes row by row (vec_dot) instead;
+    pairs:  four weight rows against activation rows taken in pairs (the batched decode of the
+            32-element types, pairs.py);
+    rows:   one K-quant weight row against 16, 8, 4 or 2 activation rows (kquant_rows.py);
+    tiles:  16 weight rows as the lanes of a vector, for batches of at least `min_rows` rows (where the
+            target has AVX-512 VNNI);
+    packed: the tile kernel on rows re-laid 16 at a time at load (x16), at every batch size.
+Every multi-row result equals vec_dot's bit for bit, so a row's value does not depend on the batch.
+
+The generated drivers (drivers.py) take every kernel from the record. Adding a type: its kernel module
+here and one entry in `_TABLE`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable, Mapping, Optional
+
+from .... import quant
+from ....jit import configure_numba
+from ....quant import QuantType
+
+ONE_ROW_NEVER = 1 << 62  # GridKernels.one_row_min_bytes of the types whose matvec never goes row by row
+
+
+@dataclass(frozen=True)
+class GridKernels:
+    """Intrinsics of several dot products at once (vector.grid_dot_intrinsic), each equal to vec_dot's."""
+
+    dot_4x1: Callable  # (weights uint8[N, row_bytes], r0, qs, d, s, t0, n_blocks) -> 4 float32
+    dot_1x4: Callable  # (weights, r, qs[T, n], d[T, ...], s[T, ...], t0, n_blocks) -> 4 float32
+    one_row_min_bytes: int = ONE_ROW_NEVER  # from this matrix size the matvec goes row by row
+
+
+@dataclass(frozen=True)
+class PairKernels:
+    """The batched decode on activation pairs (pairs.py): the kernels by name (pairs.pair_kernel_names),
+    and the type's zero point and per-lane start for pairs.pair_activations."""
+
+    kernels: Mapping[str, Callable]
+    zero_point: int
+    quad_zero: int
+
+
+@dataclass(frozen=True)
+class RowKernels:
+    """A K-quant's multi-row intrinsics (kquant_rows.py) and the packing of the activations they read."""
+
+    pack: Callable
+    rows_2: Callable
+    rows_4: Callable
+    rows_8: Callable
+    rows_16: Callable
+
+
+@dataclass(frozen=True)
+class TileKernel:
+    """matvec(weights, out, qs, d, s) over the first N - N % 16 weight rows, 16 rows as vector lanes."""
+
+    matvec: Callable
+    min_rows: int  # fewer activation rows: the row kernels
+
+
+@dataclass(frozen=True)
+class PackedKernel:
+    """pack(weights) -> the rows re-laid 16 at a time; matvec(packed, n_blocks, n_parts, out, qs, d, s)."""
+
+    pack: Callable
+    matvec: Callable
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    qt: QuantType
+    vec_dot: Callable
+    dequantize_row: Callable
+    grid: Optional[GridKernels] = None
+    pairs: Optional[PairKernels] = None
+    rows: Optional[RowKernels] = None
+    tiles: Optional[TileKernel] = None
+    packed: Optional[PackedKernel] = None
+
+    @property
+    def name(self) -> str:
+        return self.qt.name
+
+    @property
+    def act(self) -> str:
+        return self.qt.act
+
+    @property
+    def multirow(self) -> str:
+        """The batched matvec's strategy: "pairs", "rows", "grid" (dot_1x4) or "one" (a vec_dot per
+        weight and activation row)."""
+        return "pairs" if self.pairs else "rows" if self.rows else "grid" if self.grid else "one"
+
+    @property
+    def has_multirow_kernels(self) -> bool:
+        """Whether the batched matvec unpacks each weight block once for many activation rows."""
+        return self.multirow in ("pairs", "rows")
+
+
+# ----- the table: one entry per type, each importing only its own kernel modules -----
+
+
+def _f32() -> KernelRecord:
+    from . import f32
+
+    return KernelRecord(quant.get("F32"), f32.vec_dot, quant.get("F32").dequantize_row)
+
+
+def _f16() -> KernelRecord:
+    from . import f16
+
+    return KernelRecord(quant.get("F16"), f16.vec_dot, quant.get("F16").dequantize_row)
+
+
+def _bf16() -> KernelRecord:
+    from . import bf16
+
+    return KernelRecord(quant.get("BF16"), bf16.vec_dot, quant.get("BF16").dequantize_row)
+
+
+def _q4_0() -> KernelRecord:
+    from . import q4_0 as k
+
+    pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
+    return KernelRecord(quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs)
+
+
+def _q4_1() -> KernelRecord:
+    from . import q4_1 as k
+
+    return KernelRecord(quant.get("Q4_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4))
+
+
+def _q5_0() -> KernelRecord:
+    from . import q5_0 as k
+
+    pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
+    return KernelRecord(quant.get("Q5_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs)
+
+
+def _q5_1() -> KernelRecord:
+    from . import q5_1 as k
+
+    return KernelRecord(quant.get("Q5_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4))
+
+
+def _q8_0() -> KernelRecord:
+    from . import q8_0 as k
+
+    grid = GridKernels(k.dot_4x1, k.dot_1x4, one_row_min_bytes=k.ONE_ROW_MIN_BYTES)
+    pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
+    return KernelRecord(quant.get("Q8_0"), k.vec_dot, quant.get("Q8_0").dequantize_row, grid=grid, pairs=pairs)
+
+
+def _q2_k() -> KernelRecord:
+    from . import q2_k
+
+    return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row)
+
+
+def _q3_k() -> KernelRecord:
+    from . import q3_k
+
+    return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row)
+
+
+def _q4_k() -> KernelRecord:
+    from . import kquant_rows as r
+    from . import q4_k, q4_k_tiles, q4_k_x16
+
+    rows = RowKernels(r.q4_k_pack, r.q4_k_rows_2, r.q4_k_rows_4, r.q4_k_rows_8, r.q4_k_rows_16)
+    return KernelRecord(
+        quant.get("Q4_K"), q4_k.vec_dot, q4_k.dequantize_row, rows=rows,
+        tiles=TileKernel(q4_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS),
+        packed=PackedKernel(q4_k_x16.pack, q4_k_x16.matvec_packed),
+    )
+
+
+def _q5_k() -> KernelRecord:
+    from . import kquant_rows as r
+    from . import q5_k
+
+    rows = RowKernels(r.q5_k_pack, r.q5_k_rows_2, r.q5_k_rows_4, r.q5_k_rows_8, r.q5_k_rows_16)
+    return KernelRecord(quant.get("Q5_K"), q5_k.vec_dot, q5_k.dequantize_row, rows=rows)
+
+
+def _q6_k() -> KernelRecord:
+    from . import kquant_rows as r
+    from . import q4_k_tiles, q6_k, q6_k_tiles
+
+    rows = RowKernels(r.q6_k_pack, r.q6_k_rows_2, r.q6_k_rows_4, r.q6_k_rows_8, r.q6_k_rows_16)
+    tiles = TileKernel(q6_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("Q6_K"), q6_k.vec_dot, q6_k.dequantize_row, rows=rows, tiles=tiles)
+
+
+def _q8_k() -> KernelRecord:
+    from . import q8_k
+
+    return KernelRecord(quant.get("Q8_K"), q8_k.vec_dot, quant.get("Q8_K").dequantize_row)
+
+
+def _iq4_nl() -> KernelRecord:
+    from . import iq4_nl
+
+    return KernelRecord(quant.get("IQ4_NL"), iq4_nl.vec_dot, quant.get("IQ4_NL").dequantize_row)
+
+
+def _iq4_xs() -> KernelRecord:
+    from . import iq4_xs
+
+    return KernelRecord(quant.get("IQ4_XS"), iq4_xs.vec_dot, quant.get("IQ4_XS").dequantize_row)
+
+
+_TABLE: dict[str, Callable[[], KernelRecord]] = {
+    "F32": _f32, "F16": _f16, "BF16": _bf16,
+    "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0,
+    "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "Q8_K": _q8_k,
+    "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs,
+}
+
+
+def kernel_record(qt: QuantType | str) -> KernelRecord:
+    """The CPU kernels of a quant type (a QuantType or its name). Configures Numba first (idempotent), so
+    every kernel is compiled as the backend compiles it."""
+    return _record(qt.name if isinstance(qt, QuantType) else quant.get(qt).name)
+
+
+@lru_cache(maxsize=None)
+def _record(name: str) -> KernelRecord:
+    configure_numba()
+    return _TABLE[name]()
+
+
+def kernel_records() -> list[KernelRecord]:
+    """Every type's record, in quant's order (tests are parametrised over it)."""
+    return [kernel_record(name) for name in quant.supported_names()]
