@@ -40,9 +40,6 @@ N_SUB = QK_K // SUB
 _D, _DMIN, _SCALES, _QS = 0, 2, 4, 16
 
 
-# ----- scale / min packing (shared with Q5_K) -----
-
-
 # ----- dequantization -----
 
 
@@ -77,9 +74,6 @@ def dequantize_row(src, out):
                 byte = np.int32(src[qs + j])
                 out[o + j] = step_lo * np.float32(byte & 15) - off_lo
                 out[o + SUB + j] = step_hi * np.float32(byte >> 4) - off_hi
-
-
-# ----- dot product with a q8_k activation -----
 
 
 # ----- quantization (llama.cpp's quantize_row_q4_K_ref) -----

@@ -81,9 +81,6 @@ def dequantize_row(src, out):
                     out[b * BLOCK + 128 * h + 32 * i + l] = step * np.float32(q)
 
 
-# ----- dot product with a q8_k activation -----
-
-
 # ----- quantization (llama.cpp's quantize_row_q6_K_ref) -----
 
 

@@ -7,8 +7,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from ....jit import fast_kernel, fma_f32, read_f16
-from .vector import VectorCode
 from ....quant.iq4_nl import BLOCK, BLOCK_BYTES, KVALUES
+from .vector import VectorCode
 
 
 @intrinsic

@@ -7,8 +7,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from ....jit import fast_kernel, fma_f32, read_f16
-from .vector import VectorCode
 from ....quant.iq4_xs import BLOCK, BLOCK_BYTES, KVALUES, N_SUB, SUB, _D, _QS, _SCALES_H, _SCALES_L
+from .vector import VectorCode
 
 
 def emit_scales(v: VectorCode, w_type, w, base):

@@ -42,8 +42,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import q4_k, q5_k, q6_k
 from ....jit import exact_kernel
+from . import q4_k, q5_k, q6_k
 from .vector import VectorCode
 
 NO_FAST_MATH = q4_k.NO_FAST_MATH  # a flag that permits nothing here, so fast-math leaves the op alone

@@ -7,8 +7,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from ....jit import fast_kernel, read_f16
-from .vector import VectorCode
 from ....quant.q2_k import BLOCK, BLOCK_BYTES, N_GROUPS, _D, _DMIN, _QS, _SCALES
+from .vector import VectorCode
 
 
 @intrinsic

@@ -8,8 +8,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from ....jit import fast_kernel, read_f16
-from .vector import VectorCode
 from ....quant.q3_k import BLOCK, BLOCK_BYTES, N_GROUPS, _D, _HMASK, _QS, _SCALES
+from .vector import VectorCode
 
 
 def emit_scales(v: VectorCode, w_type, w, base):

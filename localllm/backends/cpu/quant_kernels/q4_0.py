@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from ....jit import exact_kernel, fast_kernel, read_f16
-from .vector import grid_dot_intrinsic
+from ....quant.q4_0 import BLOCK, BLOCK_BYTES
 from .legacy import block_terms_kernel, dequantize_q4_block, pair_terms_kernel, row_dot_kernel
 from .pairs import pair_grid_dots
-from ....quant.q4_0 import BLOCK, BLOCK_BYTES
+from .vector import grid_dot_intrinsic
 
 
 @exact_kernel

@@ -11,8 +11,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel, fast_kernel, read_f16
-from .vector import VectorCode
 from ....quant.q4_k import BLOCK, BLOCK_BYTES, N_SUB, SUB, _D, _DMIN, _QS, _SCALES, scale_min
+from .vector import VectorCode
 
 
 @intrinsic

@@ -4,9 +4,9 @@ product with a q8_0 activation (its minimum through the activation's block sums)
 from __future__ import annotations
 
 from ....jit import exact_kernel, fast_kernel, read_f16
-from .vector import grid_dot_intrinsic
-from .legacy import block_terms_kernel, dequantize_q5_min_block, row_dot_kernel
 from ....quant.q5_1 import BLOCK, BLOCK_BYTES
+from .legacy import block_terms_kernel, dequantize_q5_min_block, row_dot_kernel
+from .vector import grid_dot_intrinsic
 
 
 @exact_kernel

@@ -9,9 +9,9 @@ from numba import types
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel, fast_kernel, read_f16
+from ....quant.q5_k import BLOCK, BLOCK_BYTES, N_SUB, SUB, _D, _DMIN, _QH, _QS, _SCALES, scale_min
 from .q4_k import accumulate, emit_mins_sum, emit_scales_and_mins, scale_min_words
 from .vector import VectorCode
-from ....quant.q5_k import BLOCK, BLOCK_BYTES, N_SUB, SUB, _D, _DMIN, _QH, _QS, _SCALES, scale_min
 
 
 @intrinsic

@@ -10,8 +10,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel, fast_kernel, read_f16
-from .vector import VectorCode
 from ....quant.q6_k import BLOCK, BLOCK_BYTES, N_GROUPS, _D, _QH, _QL, _SCALES
+from .vector import VectorCode
 
 
 @intrinsic

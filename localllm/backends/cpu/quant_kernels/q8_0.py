@@ -8,9 +8,9 @@ from numba import types
 from numba.extending import intrinsic
 
 from ....jit import fast_kernel
-from .vector import VectorCode, grid_dot_intrinsic
-from .pairs import dot_quads_offset_wide, dot_quads_signed_wide, pair_grid_dots, pair_lane, pair_lanes
 from ....quant.q8_0 import BLOCK, BLOCK_BYTES
+from .pairs import dot_quads_offset_wide, dot_quads_signed_wide, pair_grid_dots, pair_lane, pair_lanes
+from .vector import VectorCode, grid_dot_intrinsic
 
 
 def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
