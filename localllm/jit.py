@@ -18,6 +18,7 @@ must be in place when a kernel's cache is made, and a kernel decorated before th
 from __future__ import annotations
 
 import hashlib
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -92,6 +93,7 @@ def _install_cache_locators() -> None:
 
 
 _configured = False
+_configure_lock = threading.Lock()  # two threads creating backends at once configure once
 _uncached: list = []  # kernels decorated before configure_numba: their cache is switched on by it
 
 
@@ -102,11 +104,14 @@ def configure_numba() -> None:
     global _configured
     if _configured:
         return
-    numba.config.SLP_VECTORIZE = 1
-    _install_cache_locators()
-    _configured = True
-    while _uncached:
-        _uncached.pop().enable_caching()
+    with _configure_lock:
+        if _configured:
+            return
+        numba.config.SLP_VECTORIZE = 1
+        _install_cache_locators()
+        _configured = True
+        while _uncached:
+            _uncached.pop().enable_caching()
 
 
 def cached_kernel(fn=None, **options):

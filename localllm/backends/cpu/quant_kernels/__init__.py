@@ -9,12 +9,15 @@ A type's record names everything the CPU backend runs for it (formats: localllm/
 - `dequantize_row`: the exact row dequantizer the prefill's tiles and the row gathers use (vector code
   where the type has one, else quant's plain one; the same bits either way);
 - the multi-row kernels, by strategy (docs/architecture.md has the glossary):
-    grid:   several dot products at once (dot_4x1: four weight rows x one activation, the decode matvec;
-            dot_1x4: one weight row x four activations), with ONE_ROW_MIN_BYTES, the matrix size from
-            which the matvec goes row by row (vec_dot) instead;
-    pairs:  four weight rows against activation rows taken in pairs (the batched decode of the
-            32-element types, pairs.py);
-    rows:   one K-quant weight row against 16, 8, 4 or 2 activation rows (kquant_rows.py);
+    grid:   several dot products at once (dot_4x1: four weight rows x one activation, the decode matvec:
+            four independent float add chains instead of one, as the Q8_0 output projection of Gemma 3
+            270M is bound by that chain's latency, not by memory; dot_1x4: one weight row x four
+            activations, each weight block unpacked once for the four), with ONE_ROW_MIN_BYTES, the
+            matrix size from which the matvec goes row by row (vec_dot) instead;
+    pairs:  four weight rows against activation rows taken in pairs, two rows to a 512-bit vector where
+            the target has AVX-512 (the batched decode of the 32-element types, pairs.py);
+    rows:   one K-quant weight row against 16, 8, 4 or 2 activation rows, each super-block unpacked
+            once (kquant_rows.py);
     tiles:  16 weight rows as the lanes of a vector, for batches of at least `min_rows` rows (where the
             target has AVX-512 VNNI);
     packed: the tile kernel on rows re-laid 16 at a time at load (x16), at every batch size.
@@ -43,7 +46,11 @@ class GridKernels:
 
     dot_4x1: Callable  # (weights uint8[N, row_bytes], r0, qs, d, s, t0, n_blocks) -> 4 float32
     dot_1x4: Callable  # (weights, r, qs[T, n], d[T, ...], s[T, ...], t0, n_blocks) -> 4 float32
-    one_row_min_bytes: int = ONE_ROW_NEVER  # from this matrix size the matvec goes row by row
+    # From this matrix size the matvec goes row by row: Q8_0's one-row kernel streams a matrix far larger
+    # than the caches faster than dot_4x1's four rows at once (Gemma 3's 178 MB output matrix, 1 thread:
+    # 41 against 36 GB/s), which stays ahead on matrices that fit and on the other types (measured Q4_0,
+    # Q5_0: the four-row kernels win at every size).
+    one_row_min_bytes: int = ONE_ROW_NEVER
 
 
 @dataclass(frozen=True)
