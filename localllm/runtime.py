@@ -41,10 +41,6 @@ COMPILE_MODES = ("background", "foreground")
 # workers spin at all: backends/cpu/threads.py.
 DEFAULT_SPINCOUNT = "30000"
 
-# quant/vector.VECTOR_ISA's choices: "auto" the best path the target has, "avx2", "generic".
-VECTOR_ISAS = ("auto", "avx2", "generic")
-
-
 @dataclass(frozen=True)
 class Runtime:
     threads: Optional[int]  # None: the backend's default (the CPU: host.physical_cores())
@@ -55,7 +51,6 @@ class Runtime:
     history_path: Path  # chat's readline history
     openmp_spincount: Optional[str]  # GOMP_SPINCOUNT for the OpenMP pool; None: the user's own policy
     numba_cache_dir: str = ""  # NUMBA_CACHE_DIR as given ("" when unset)
-    vector_isa: str = "auto"  # one of VECTOR_ISAS (no variable: tests and tools choose it)
     debug: bool = False  # tracebacks on errors (the CLI)
 
     @classmethod

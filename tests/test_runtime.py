@@ -46,7 +46,7 @@ CASES = [
 DEFAULTS = dict(
     threads=None, repack=True, compile_mode="background", kernel_dir=HOME / ".cache" / "localllm" / "kernels",
     models_dir=HOME / ".cache" / "localllm" / "models", history_path=HOME / ".local" / "state" / "localllm" / "history",
-    openmp_spincount=DEFAULT_SPINCOUNT, numba_cache_dir="", vector_isa="auto", debug=False,
+    openmp_spincount=DEFAULT_SPINCOUNT, numba_cache_dir="", debug=False,
 )
 
 

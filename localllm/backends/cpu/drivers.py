@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from ...jit import kernel_sources_hash
+from ...runtime import kernel_dir
 from .quant_kernels import KernelRecord, kernel_record
 from .quant_kernels.pairs import pair_kernel_names
 
@@ -120,14 +121,6 @@ def row_drivers(qt):
     return _generated(f"rows_{record.name.lower()}", kernel_sources_hash(), _rows_source(record))
 
 
-def kernel_dir() -> Path:
-    configured = os.environ.get("LOCALLLM_KERNEL_DIR")
-    if configured:
-        return Path(configured).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "localllm" / "kernels"
-
-
 # A generated file superseded by a new version of its family (other kernel sources) is deleted, with
 # Numba's cache files for it, once it is this old: a process of the other localllm version may still
 # be running from it (a second checkout, an upgrade under a running server). Without this, every edit of
@@ -141,7 +134,7 @@ def _generated(family: str, version: str, source: str):
     """Write `source` as <kernel_dir>/<family>_<version>.py (once) and import it; writing a new version
     deletes the family's old ones (SUPERSEDED_KEEP_SECONDS)."""
     stem = f"{family}_{version}"
-    folder = kernel_dir()
+    folder = kernel_dir()  # the settings' folder (runtime.py), as the tier markers'
     path = folder / f"{stem}.py"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
