@@ -9,7 +9,7 @@ For each prompt (token ids from llama.cpp's own tokenizer: random spans of tests
   repacked, no flash attention), the base of every comparison;
 - llama.cpp token by token (n_batch 1), with flash attention, and without repacking (use_extra_bufts off):
   the same engine and file, other kernels: its own spread;
-- localllm, the prompt in one batch (what tests/test_gemma_reference.py checks) and token by token.
+- localllm, the prompt in one batch (what tests/model/test_gemma_reference.py checks) and token by token.
 Prints KL(base || each) over the prompts (median, mean, 90th percentile, max, the share above 0.01) and
 how often the top token agrees. A per-prompt KL bound below the spread of llama.cpp's own paths is a
 bound some prompts fail by rounding alone: the 8-bit activation quantization inside every matmul turns

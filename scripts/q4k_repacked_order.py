@@ -16,7 +16,7 @@ in the repacked order, then:
   says): checks that kernel against `ggml_gemv_q4_K_8x8_q8_K` itself, bit for bit, on random rows
   (and counts how often localllm's own order gives the same bits);
 - prints KL(llama.cpp || ours) at the last position of the three reference prompts
-  (../shared/reference/gemma-3-270m, the bar of tests/test_gemma_reference.py), both orders;
+  (../shared/reference/gemma-3-270m, the bar of tests/model/test_gemma_reference.py), both orders;
 - with --spread, runs scripts/kl_spread.py (its options follow) with the swapped kernel: the
   "localllm" rows are then the repacked order.
 A measurement for the accuracy bar (docs/accuracy.md), not engine code: it is slow (one row at a time).

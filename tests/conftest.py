@@ -21,7 +21,7 @@ from pathlib import Path
 os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 # Kernels compiled when first called, in this process and in the CLI processes the tests start: a cold
 # start's background compile (localllm/backends/cpu/tiers.py) would start one more process per model file
-# the suite writes. tests/test_tiers.py sets "background" where it tests that path.
+# the suite writes. tests/backends/cpu/test_tiers.py sets "background" where it tests that path.
 os.environ.setdefault("LOCALLLM_COMPILE", "foreground")
 
 import pytest  # noqa: E402

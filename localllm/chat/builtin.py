@@ -2,7 +2,7 @@
 
 Each is a Jinja template written for localllm that renders the same text as the family's official
 template (the `chat_template` of the models' tokenizer_config.json on Hugging Face) for conversations
-of plain-text system/user/assistant messages; tests/test_templates.py checks that against the official
+of plain-text system/user/assistant messages; tests/chat/test_templates.py checks that against the official
 texts kept in tests/data/chat_templates/. They are rendered by the same sandbox as a file's own
 template, with the variables HF passes (messages, add_generation_prompt, bos_token, eos_token).
 
@@ -242,7 +242,7 @@ TRANSCRIPT = BuiltinTemplate(
 """,
 )
 
-# The families' formats, each checked against its official template (tests/test_templates.py) ...
+# The families' formats, each checked against its official template (tests/chat/test_templates.py) ...
 BUILTINS: dict[str, BuiltinTemplate] = {t.name: t for t in (GEMMA, CHATML, LLAMA3, LLAMA2, MISTRAL, PHI3, ZEPHYR)}
 # ... and every template that can be asked for by name: those, plus localllm's own transcript for base models.
 ALL_TEMPLATES: dict[str, BuiltinTemplate] = {**BUILTINS, TRANSCRIPT.name: TRANSCRIPT}

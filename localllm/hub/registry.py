@@ -42,7 +42,7 @@ _REQUIRED = ("name", "family", "params", "variant", "license", "arch", "repo", "
 
 
 class RegistryError(LocalLLMError):
-    """A malformed models/*.toml entry (caught by tests/test_names.py before it ships)."""
+    """A malformed models/*.toml entry (caught by tests/hub/test_names.py before it ships)."""
 
 
 @dataclass(frozen=True)

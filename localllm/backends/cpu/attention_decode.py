@@ -71,7 +71,7 @@ def _block_span(b, block_size, first, pos):
 
 # The work of one (query row, head) is one function that both decode kernels call, the contiguous cache
 # seen as a single block of a paged one, so the paged kernel equals the contiguous one by construction
-# (the server's guarantee that a batched sequence gets the logits it gets alone; tests/test_paged.py).
+# (the server's guarantee that a batched sequence gets the logits it gets alone; tests/model/test_paged.py).
 # Heads that share a key head go four at a time through _attend4, which does per head exactly what
 # _attend does (the same operations in the same order) while reading and widening each cached key and
 # value once for the four: which heads are grouped never changes a result. Both walk the cache block by

@@ -12,7 +12,7 @@ backend therefore begins in the *basic* tier:
   second thread waits behind the compiling process took ~30 ms instead of microseconds).
 Every one of these computes the same bits as the kernel it stands in for (the multi-row and re-laid
 kernels equal the one-row kernel for every row, the serial twins the parallel kernels), so what a model
-computes does not depend on the tier; only the speed does (tests/test_tiers.py checks the logits).
+computes does not depend on the tier; only the speed does (tests/backends/cpu/test_tiers.py checks the logits).
 
 Meanwhile `python -m localllm.backends.cpu.precompile MODEL` runs every op of that model's forward pass
 on the model's own shapes and types, so that each kernel the *full* tier calls in `Model.generate` is

@@ -25,7 +25,7 @@ fma is a scalar fma per lane, so each lane does exactly what the type's `accumul
     Q4_K, Q5_K: acc = fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
     Q6_K: acc = fma(ad * d, float(total), acc)
 The integers are exact wrapping int32 sums (the same whatever their order), so every lane's value is
-vec_dot's, bit for bit (tests/test_quant_kquant_rows.py, on every VECTOR_ISA path).
+vec_dot's, bit for bit (tests/backends/cpu/test_quant_kquant_rows.py, on every VECTOR_ISA path).
 
 Measured on the Zen 4 machine (one thread, in cache, Q4_K, K = 4096, scripts/bench_quant.py's kind of
 matrix): per row and block ~2.3 ns of per-row work (the multiplies: one 512-bit multiply per cycle)

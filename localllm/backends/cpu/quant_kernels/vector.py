@@ -1,7 +1,7 @@
 """Vector building blocks for the block dot products: `VectorCode` (LLVM IR for a few vector operations,
 emitted from inside Numba intrinsics, per instruction set) and the grid dot-product intrinsics built on
 it (the batched decode's pair kernels, built on the same, are in pairs.py). Every quant type's fast
-kernels are made from these; the instruction-set paths give identical integers (tests/test_quant_isa.py).
+kernels are made from these; the instruction-set paths give identical integers (tests/backends/cpu/test_quant_isa.py).
 """
 
 from __future__ import annotations

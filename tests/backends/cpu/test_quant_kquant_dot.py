@@ -17,7 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from test_quant import bits, random_rows
+from quant_rows import bits, random_rows
 
 from localllm import quant
 from localllm.backends.cpu.quant_kernels import kernel_record

@@ -1,4 +1,4 @@
-"""The CUDA backend's checks beyond op conformance (tests/cuda_checks.py: upload of a type without a device
+"""The CUDA backend's checks beyond op conformance (tests/backends/cuda/cuda_checks.py: upload of a type without a device
 kernel, embed's range check, whole models against the CPU backend) run in a child pytest process; the ops
 themselves are in tests/backends/test_conformance.py, which runs the CUDA backend in a child process too.
 

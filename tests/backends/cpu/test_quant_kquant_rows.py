@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from test_quant import bits, random_rows
+from quant_rows import bits, random_rows
 
 from localllm import quant
 from localllm.backends.cpu.drivers import row_drivers

@@ -12,7 +12,7 @@ import sys
 import numba
 import numpy as np
 import pytest
-from test_quant import bits, random_rows
+from quant_rows import bits, random_rows
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant

@@ -17,7 +17,7 @@ from localllm.model.archs import ARCHITECTURES
 from fake_hub import fake_hub  # noqa: F401  (the fixture)
 from tiny_models import write_tiny_model
 
-TOP_LEVEL_MODELS = Path(__file__).resolve().parents[1] / "models"
+TOP_LEVEL_MODELS = Path(__file__).resolve().parents[2] / "models"
 
 
 @pytest.fixture(scope="module")

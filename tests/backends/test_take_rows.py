@@ -1,6 +1,6 @@
 """Backend.take_rows (the row gather of the batched forward): the host default is np.take, which the CPU
 backend inherits; the CUDA backend's kernel, and the batching engine on the CUDA backend, are checked in
-a child process under numba's CUDA simulator (tests/cuda_engine_checks.py)."""
+a child process under numba's CUDA simulator (tests/backends/cuda/cuda_engine_checks.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 from localllm.backends import create_backend
 from localllm.backends.base import Backend
 
-TESTS = Path(__file__).parent
+CUDA_TESTS = Path(__file__).parent / "cuda"
 
 
 def test_the_cpu_backend_takes_rows_as_np_take():
@@ -37,8 +37,8 @@ def test_take_rows_and_the_batching_engine_under_the_cuda_simulator():
     else:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", str(TESTS / "cuda_engine_checks.py")],
-        cwd=TESTS, env=env, capture_output=True, text=True, timeout=1800,
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", str(CUDA_TESTS / "cuda_engine_checks.py")],
+        cwd=CUDA_TESTS, env=env, capture_output=True, text=True, timeout=1800,
     )
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, report

@@ -24,7 +24,7 @@ from localllm.errors import TensorError
 from localllm.quant.activation import QuantizedActivation
 from tiny_models import _SCALE_FIELDS
 
-QUANT_DIR = Path(__file__).parent / "data" / "reference" / "quant"
+QUANT_DIR = Path(__file__).parents[1] / "data" / "reference" / "quant"
 
 TYPES = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS"]
 K_TYPES_WITH_REFERENCE = ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]  # npz files with a vec_dot `dot`

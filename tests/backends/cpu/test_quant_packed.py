@@ -11,7 +11,7 @@ from pathlib import Path
 import numba
 import numpy as np
 import pytest
-from test_quant import bits
+from quant_rows import bits
 from test_quant_kquant_rows import _activations, _expected
 from test_quant_tiles import _weights
 

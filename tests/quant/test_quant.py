@@ -14,13 +14,13 @@ import numba
 import numpy as np
 import pytest
 from conftest import REFERENCE_DIR
+from quant_rows import bits, random_rows
 
 from localllm import quant
 from localllm.backends.cpu.drivers import row_drivers
 from localllm.backends.cpu.matmul import BatchActivation, matvec_kernel
 from localllm.backends.cpu.quant_kernels import kernel_record, vector
 from localllm.errors import TensorError
-from localllm.gguf import GGML_TYPES_BY_NAME
 from localllm.quant.activation import QuantizedActivation
 
 DOT_RTOL = 1e-5
@@ -35,35 +35,6 @@ def _gguf_can_quantize(name: str) -> bool:
         return False
     return True
 
-# Byte offsets of the float fields of each block (f16, or f32 for Q8_K): random bytes there would be
-# NaN/inf; tests fill them with chosen values instead.
-FLOAT_FIELDS = {
-    "Q4_0": [(0, 2)], "Q4_1": [(0, 2), (2, 2)], "Q5_0": [(0, 2)], "Q5_1": [(0, 2), (2, 2)], "Q8_0": [(0, 2)],
-    "Q2_K": [(80, 2), (82, 2)], "Q3_K": [(108, 2)], "Q4_K": [(0, 2), (2, 2)], "Q5_K": [(0, 2), (2, 2)],
-    "Q6_K": [(208, 2)], "Q8_K": [(0, 4)], "IQ4_NL": [(0, 2)], "IQ4_XS": [(0, 2)],
-}
-SCALE_CASES = [0.0, -0.0, 1.0, -0.37, 65504.0, 6e-8, 2.0**-24, 1e-3]  # incl. f16 max and subnormals
-
-
-def random_rows(name: str, n_rows: int, n: int, rng, extremes: bool = True) -> np.ndarray:
-    """uint8[n_rows, row_bytes]: random quants, float fields drawn from SCALE_CASES and a normal."""
-    info = GGML_TYPES_BY_NAME[name]
-    if info.block_size == 1:
-        values = rng.standard_normal((n_rows, n)).astype(np.float32)
-        if extremes:
-            values[0, :8] = [0.0, -0.0, 65504.0, 6e-8, -1e-30, 3.4e38, 1.0, -2.5]
-        return quant.get(name).quantize(values) if name != "F32" else values.view(np.uint8)
-    blocks = rng.integers(0, 256, (n_rows * n // info.block_size, info.type_size), dtype=np.uint8)
-    for offset, width in FLOAT_FIELDS[name]:
-        dtype = np.float16 if width == 2 else np.float32
-        scales = rng.choice(SCALE_CASES + list(rng.standard_normal(8)), size=blocks.shape[0]).astype(dtype)
-        blocks[:, offset : offset + width] = scales.view(np.uint8).reshape(-1, width)
-    blocks[0] = 0  # an all-zero block
-    return blocks.reshape(n_rows, -1)
-
-
-def bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
 @pytest.mark.parametrize("name", IN_GGUF)
@@ -352,7 +323,7 @@ def test_llamacpp_reference_dequantize_quantize_and_dot(name):
     if qt.quantize is not None:
         # llama.cpp made `q` with ggml_quantize_chunk and no importance matrix: the _ref quantizers, the
         # path every localllm quantizer follows, so no type is an exception. (IQ4_NL and IQ4_XS have no
-        # file here: their quantizers are checked against ggml's in tests/test_quantize.py.)
+        # file here: their quantizers are checked against ggml's in tests/quantize/test_quantize.py.)
         np.testing.assert_array_equal(qt.quantize(ref["x"]).reshape(q.shape), q)
     if "dot" not in ref.files:
         return  # llama.cpp has no vec_dot for this type (Q8_K is only ever an activation format)

@@ -27,7 +27,7 @@ from localllm.quantize import QuantizeError, choose_types, dry_run, quantize_fil
 from localllm.quantize.recipes import ModelShape, TensorSpec
 from tiny_models import write_tiny_model
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "quantize")
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "quantize")
 
 
 # -- recipes ------------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The paged KV cache: block pool bookkeeping, and the paged ops against the contiguous-cache ops.
 
 Expected values come from the single-sequence path (kv_store + attention on a contiguous cache,
-T=1 matmuls, Decoder.forward), which tests/test_gemma_reference.py checks against llama.cpp."""
+T=1 matmuls, Decoder.forward), which tests/model/test_gemma_reference.py checks against llama.cpp."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def test_matmul_rows_equals_one_row_matmuls_for_every_weight_type(gemma):
 def test_batched_forward_gives_each_sequence_its_single_sequence_logits(gemma):
     dec = gemma.decoder
     # Gemma's weight types all have multi-row integer kernels: no product here goes through BLAS
-    # (every type, and chunks past BLAS_MIN_ROWS: tests/test_batched_equality.py)
+    # (every type, and chunks past BLAS_MIN_ROWS: tests/model/test_batched_equality.py)
     a = gemma.tokenize("The quick brown fox jumps over the lazy dog and keeps running")
     b = gemma.tokenize("Hello there")
     # single-sequence references: prefill, then one decode step each
@@ -202,7 +202,7 @@ def test_batched_forward_gives_each_sequence_its_single_sequence_logits(gemma):
 def test_matmul_segments_equals_each_segment_alone(gemma):
     """Several prompt chunks in one call give each chunk exactly what matmul gives it alone: chunks of 12,
     3 and 9 rows, all through the integer kernels (Gemma's types have multi-row kernels; chunks through
-    BLAS, beside short ones, for every type: tests/test_batched_equality.py)."""
+    BLAS, beside short ones, for every type: tests/model/test_batched_equality.py)."""
     ops, rng = gemma.backend, np.random.default_rng(1)
     bounds = (0, 12, 15, 24)
     for suffix in ("attn_q", "attn_output", "ffn_down", "ffn_up"):

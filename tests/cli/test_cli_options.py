@@ -16,7 +16,7 @@ from localllm.cli import options as opt
 from localllm.cli.app import app
 from localllm.sampling import SamplingConfig
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 
 
 def documented_defaults() -> dict:

@@ -3,12 +3,12 @@ for, embed's range check, and whole models (tiny llama and gemma3 files, `locall
 backend's greedy tokens. The ops themselves, every type and every backend against NumPy, are in
 tests/backends/test_conformance.py.
 
-Not collected by a plain `pytest` run (the name does not match test_*.py): tests/test_cuda_sim.py runs it
+Not collected by a plain `pytest` run (the name does not match test_*.py): tests/backends/cuda/test_cuda_sim.py runs it
 in a subprocess under numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1 must be set before numba.cuda is
 imported, and must not reach the other tests' process), on small shapes and launch.SIMULATOR's tiny
 blocks. On a machine with an NVIDIA GPU and numba-cuda, the same checks run at full size:
 
-    LOCALLLM_CUDA_FULL=1 python -m pytest tests/cuda_checks.py      # or: pytest tests/test_cuda_sim.py
+    LOCALLLM_CUDA_FULL=1 python -m pytest tests/backends/cuda/cuda_checks.py      # or: pytest tests/backends/cuda/test_cuda_sim.py
 
 Tolerance: logits and products within normalized MSE sum((gpu-cpu)^2)/sum(cpu^2) <= 5e-4 of the CPU's,
 llama.cpp's test-backend-ops bound (the device keeps the activation in float32 where the CPU quantizes it
@@ -25,7 +25,7 @@ import pytest
 
 FULL = os.environ.get("LOCALLLM_CUDA_FULL") == "1"
 if not FULL and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
-    raise RuntimeError("run through tests/test_cuda_sim.py, or set LOCALLLM_CUDA_FULL=1 on a GPU machine")
+    raise RuntimeError("run through tests/backends/cuda/test_cuda_sim.py, or set LOCALLLM_CUDA_FULL=1 on a GPU machine")
 
 import tiny_models  # noqa: E402
 from localllm.backends import Weight, create_backend  # noqa: E402

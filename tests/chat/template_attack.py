@@ -3,7 +3,7 @@
 process's peak resident memory during the render, "stderr_lines": not measured here}.
 
 A fresh process, because the peak resident size (ru_maxrss) only ever grows: measured in the test process,
-one attack would hide the next. Used by tests/test_templates.py."""
+one attack would hide the next. Used by tests/chat/test_templates.py."""
 
 import json
 import resource

@@ -29,7 +29,7 @@ from localllm.chat.sandbox import MAX_OUTPUT_CHARS
 from localllm.chat.templates import ChatTemplate
 from localllm.errors import LocalLLMError, TemplateError
 
-OFFICIAL_DIR = Path(__file__).parent / "data" / "chat_templates"
+OFFICIAL_DIR = Path(__file__).parents[1] / "data" / "chat_templates"
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant"}
 # The conversation of the brief: system, user, assistant, user.
@@ -393,7 +393,7 @@ def test_long_conversations_get_room_beyond_the_fixed_cap():
 
 # -- attacks whose cost is in C: str() of containers, joins, formats (issue 25) ------------------------
 #
-# Each renders in a fresh process (tests/template_attack.py), which reports the render's CPU time and the
+# Each renders in a fresh process (tests/chat/template_attack.py), which reports the render's CPU time and the
 # growth of its peak resident memory: the promise is a TemplateError within 1 s of CPU and 100 MB.
 
 _MB_STRING = "{% set s = 'x' * 1000000 %}"
