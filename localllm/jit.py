@@ -50,7 +50,8 @@ def kernel_sources_hash() -> str:
     """16 hex digits over the names and bytes of every kernel source and template (the files of
     _KERNEL_DIRS and this module): the generated drivers' file names and the cache stamps carry it."""
     digest = hashlib.sha256()
-    paths = [p for folder in _KERNEL_DIRS for p in sorted(folder.glob("*.py*"))] + list(_KERNEL_FILES)
+    sources = [p for folder in _KERNEL_DIRS for pattern in ("*.py", "*.py.tmpl") for p in folder.glob(pattern)]
+    paths = sorted(sources) + list(_KERNEL_FILES)  # (not "*.py*": an editor's swap or backup file is no source)
     for path in paths:
         digest.update(path.relative_to(_PACKAGE).as_posix().encode())
         digest.update(path.read_bytes())
@@ -109,9 +110,9 @@ def configure_numba() -> None:
             return
         numba.config.SLP_VECTORIZE = 1
         _install_cache_locators()
-        _configured = True
         while _uncached:
             _uncached.pop().enable_caching()
+        _configured = True
 
 
 def cached_kernel(fn=None, **options):
@@ -120,10 +121,11 @@ def cached_kernel(fn=None, **options):
 
     def decorate(py_func):
         dispatcher = numba.njit(cache=False, **options)(py_func)
-        if _configured:
-            dispatcher.enable_caching()
-        else:
-            _uncached.append(dispatcher)
+        with _configure_lock:  # a module imported on another thread while configure_numba runs
+            if _configured:
+                dispatcher.enable_caching()
+            else:
+                _uncached.append(dispatcher)
         return dispatcher
 
     return decorate(fn) if fn is not None else decorate

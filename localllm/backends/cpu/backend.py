@@ -16,6 +16,7 @@ from ...runtime import Runtime
 from ..base import Backend, Weight
 from . import attention_decode, kernels
 from .attention_blas import BlasAttention
+from .drivers import KERNEL_FOLDER
 from .layouts import WeightLayouts
 from .matmul import (
     BLAS_MIN_ROWS,
@@ -66,6 +67,7 @@ class CPUBackend(Backend):
         # (ThreadPolicy sets Numba's thread count, which starts it).
         configure_openmp_waiting(runtime.openmp_spincount)  # bounded spinning for idle OpenMP workers
         configure_numba()  # before any kernel compiles (idempotent): the SLP vectorizer, the kernel cache
+        KERNEL_FOLDER.use(runtime.kernel_dir)  # the generated drivers beside this runtime's tier markers
         self.thread_policy = ThreadPolicy(self.threads, BLAS_MIN_ROWS)
         self.scratch = MatmulScratch()
         self.layouts = WeightLayouts(self.repack, self.scratch)

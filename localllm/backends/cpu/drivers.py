@@ -130,11 +130,31 @@ SUPERSEDED_KEEP_SECONDS = 3600
 _VERSION = re.compile(r"[0-9a-f]{16}(_[0-9a-f]{8})?")  # kernel_sources_hash() (and the template tag of older rows_ files)
 
 
+class _KernelFolder:
+    """Where this process writes and imports its generated drivers: the folder of the first CPUBackend's
+    settings (runtime.kernel_dir, the folder its tier marker and background compile use too); before any
+    backend, the one the environment names. One per process: a generated module is imported once, under
+    a name that does not carry the folder."""
+
+    def __init__(self):
+        self.chosen: Path | None = None
+
+    def use(self, folder: Path) -> None:
+        if self.chosen is None:
+            self.chosen = Path(folder)
+
+    def path(self) -> Path:
+        return self.chosen if self.chosen is not None else kernel_dir()
+
+
+KERNEL_FOLDER = _KernelFolder()
+
+
 def _generated(family: str, version: str, source: str):
     """Write `source` as <kernel_dir>/<family>_<version>.py (once) and import it; writing a new version
     deletes the family's old ones (SUPERSEDED_KEEP_SECONDS)."""
     stem = f"{family}_{version}"
-    folder = kernel_dir()  # the settings' folder (runtime.py), as the tier markers'
+    folder = KERNEL_FOLDER.path()
     path = folder / f"{stem}.py"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)

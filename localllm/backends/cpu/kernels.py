@@ -33,7 +33,7 @@ def _rms_norm_row(x, weight, eps, out):
 
 
 # Each small op below comes twice: a prange loop over its rows or jobs, and the same loop as a plain
-# `range` (`*_serial`) for the ops of a decode step too small to share (CPUBackend._parallel says which): calling
+# `range` (`*_serial`) for the ops of a decode step too small to share (ThreadPolicy.parallel says which): calling
 # the serial twin leaves Numba's thread count alone, where running the parallel one on one thread meant
 # two set_num_threads calls around it (~1.7 us each, ~130 per Gemma 3 270M step). Both run the same
 # per-row function, so their results are the same.

@@ -28,7 +28,7 @@ from .quant_kernels.q4_k_tiles import available as tiles_available
 
 # From this many activation rows a matmul of a type without multi-row kernels (below) goes through
 # dequantized tiles + BLAS (and a batch is a prefill whose other ops leave the cores to BLAS:
-# CPUBackend._threads_for); below it, the integer kernels. Measured on Gemma 3 270M, 2 threads, all its
+# ThreadPolicy.for_op); below it, the integer kernels. Measured on Gemma 3 270M, 2 threads, all its
 # per-layer matrices, with the batched kernels of the time (one vec_dot per weight and activation row
 # for the K-quants), ms per pass (BLAS / integer): T=8 25.6/11.4, 16 31.0/22.5, 32 44.9/52.1, 64
 # 70.0/105.8 (scripts/crossover.py).
@@ -151,7 +151,7 @@ def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.n
         dequant = dequant_rows_kernel(qt)
         n_rows = weights.shape[0]
         # BLAS owns the cores here (the backend runs Numba on one thread for batches: see
-        # CPUBackend._threads_for), so tiles are dequantized on the calling thread.
+        # ThreadPolicy.for_op), so tiles are dequantized on the calling thread.
         for start in range(0, n_rows, TILE_ROWS):
             rows = min(TILE_ROWS, n_rows - start)
             tile = scratch.tile(rows, k)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from localllm.backends.cpu import drivers
 
 
@@ -64,6 +66,47 @@ def test_importing_localllm_configures_nothing_until_configure_numba_runs():
     env = {**os.environ, "NUMBA_SLP_VECTORIZE": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     assert out.split() == ["True", "0", "1", "3"]
+
+
+@pytest.mark.parametrize("entry", [
+    "from localllm.backends.cpu import CPUBackend; CPUBackend(threads=1)",
+    "from localllm import quant; quant.get('Q4_K')",
+    "from localllm.backends.cpu.quant_kernels import kernel_record; kernel_record('Q4_K')",
+])
+def test_every_entry_to_the_kernels_configures_numba_first(entry):
+    # The tests' session fixture configures Numba for the whole suite, so a path that lost its call
+    # (the CPU backend did once, in a merge) shows only in a process of its own.
+    code = (
+        "import numba; from numba.core import caching\n"
+        f"{entry}\n"
+        "ours = sum(c.__name__.startswith('KernelSources') for c in caching.CacheImpl._locator_classes)\n"
+        "print(numba.config.SLP_VECTORIZE, ours)\n"
+    )
+    env = {**os.environ, "NUMBA_SLP_VECTORIZE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["1", "3"]
+
+
+def test_the_drivers_are_written_where_the_backends_settings_say(tmp_path):
+    # The tier marker and the background compile use runtime.kernel_dir; the drivers must be generated
+    # and imported from the same folder, also when the runtime is given rather than read from the
+    # environment (else the parent would find the child's compiled drivers missing).
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from localllm import quant\n"
+        "from localllm.runtime import Runtime\n"
+        "from localllm.backends.cpu import CPUBackend, drivers\n"
+        "runtime = Runtime.resolve(environ={'LOCALLLM_KERNEL_DIR': sys.argv[1]})\n"
+        "CPUBackend(threads=1, runtime=runtime)\n"
+        "print(Path(drivers.drivers(quant.get('Q8_0')).__file__).parent)\n"
+    )
+    env = {**os.environ, "LOCALLLM_KERNEL_DIR": str(tmp_path / "from-environment")}
+    folder = tmp_path / "from-runtime"
+    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, env=env,
+                         check=True).stdout
+    assert out.strip() == str(folder)
+    assert not (tmp_path / "from-environment").exists()
 
 
 def test_the_kernel_cache_stamp_carries_the_sources_hash_and_the_slp_setting():
