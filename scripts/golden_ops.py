@@ -26,9 +26,12 @@ Recorded from the code before the restructure (commit 02d0705, checked out at /t
         OPENBLAS_CORETYPE=Haswell LOCALLLM_COMPILE=foreground PYTHONPATH=/tmp/before \\
         python /work/main/scripts/golden_ops.py --write /work/main/tests/data/golden/ops.json
 
-Known, in the code before as after: on AVX-512 VNNI the Q8_K products (matmul, matmul_rows) of the process
-that compiles their kernels differ (up to 17 ulp) from those of every later process, which loads them from
-Numba's cache; the avx512_vnni entries hold the cached kernels' bits (the avx2 ones agree either way).
+One deliberate change since: the Q8_K products. In the code before, on AVX-512 VNNI, the process that
+compiled their kernels computed other bits (up to 17 ulp) than every later process, which loaded them from
+Numba's cache (the cached driver fused vec_dot's `acc += total * scale` into an FMA, the fresh one did not).
+Q8_K's vec_dot now writes the fma out (backends/cpu/quant_kernels/q8_k.py), so every process computes the
+cached bits: the avx512_vnni entries are unchanged, and the 19 avx2 Q8_K entries (where the code before
+never fused) were re-recorded from the code after, the haswell command above with PYTHONPATH=/work/main.
 
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
@@ -51,29 +54,14 @@ MATMUL_ROWS = (1, 2, 3, 5, 8, 9, 16, 17, 33)
 ROWS_ROWS = (2, 5, 17)
 EMBED_IDS = np.array([0, 37, 5, 5, 20], dtype=np.int32)
 
-# Byte offsets and widths of each block's float fields (float16, float32 for Q8_K), for a type without a
-# quantizer: random bytes there would be NaN or inf (the idea of tests/quant_rows.py, not imported so
-# that this runs on both trees).
-FLOAT_FIELDS = {
-    "Q4_0": [(0, 2)], "Q4_1": [(0, 2), (2, 2)], "Q5_0": [(0, 2)], "Q5_1": [(0, 2), (2, 2)], "Q8_0": [(0, 2)],
-    "Q2_K": [(80, 2), (82, 2)], "Q3_K": [(108, 2)], "Q4_K": [(0, 2), (2, 2)], "Q5_K": [(0, 2), (2, 2)],
-    "Q6_K": [(208, 2)], "Q8_K": [(0, 4)], "IQ4_NL": [(0, 2)], "IQ4_XS": [(0, 2)],
-}
-
-
 def vector_isa() -> str:
-    """The kind of vector target Numba compiles for on this host (as scripts/golden_logits.py)."""
-    import llvmlite.binding as llvm
+    """The host's vector target, as scripts/golden_logits.py names it (the same keys in both files)."""
+    import importlib.util
 
-    from numba.core import config
-
-    features = config.CPU_FEATURES if config.CPU_FEATURES else llvm.get_host_cpu_features().flatten()
-    enabled = {f[1:] for f in features.split(",") if f.startswith("+")}
-    if {"avx512vnni", "avx512bw"} <= enabled:
-        return "avx512_vnni"
-    if "avx2" in enabled:
-        return "avx2"
-    return "generic"
+    spec = importlib.util.spec_from_file_location("golden_logits", Path(__file__).with_name("golden_logits.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.vector_isa()
 
 
 def rng_for(*tags) -> np.random.Generator:
@@ -86,21 +74,11 @@ def digest(a: np.ndarray) -> str:
 
 
 def weight_rows(name: str) -> np.ndarray:
-    """uint8[N_ROWS, row bytes]: random normal rows quantized, or random blocks with sane float fields."""
+    """uint8[N_ROWS, row bytes]: random normal rows, quantized (every type localllm supports has a quantizer)."""
     from localllm import quant
 
     rng = rng_for("weight", name)
-    quantize = getattr(quant.get(name), "quantize", None)
-    if quantize is not None:
-        return np.ascontiguousarray(quantize(rng.standard_normal((N_ROWS, K)).astype(np.float32)))
-    from localllm.gguf import GGML_TYPES_BY_NAME
-
-    info = GGML_TYPES_BY_NAME[name]
-    blocks = rng.integers(0, 256, (N_ROWS * K // info.block_size, info.type_size), dtype=np.uint8)
-    for offset, width in FLOAT_FIELDS[name]:
-        scales = (rng.standard_normal(blocks.shape[0]) * 0.05).astype(np.float16 if width == 2 else np.float32)
-        blocks[:, offset : offset + width] = scales.view(np.uint8).reshape(-1, width)
-    return blocks.reshape(N_ROWS, -1)
+    return np.ascontiguousarray(quant.get(name).quantize(rng.standard_normal((N_ROWS, K)).astype(np.float32)))
 
 
 def make_backend(basic: bool):

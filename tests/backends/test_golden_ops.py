@@ -4,9 +4,9 @@ before the restructure of the kernels (issue 27, commit 02d0705) computed, as re
 `scripts/golden_ops.py --write` (its docstring lists the entries and the recording commands).
 
 test_golden_logits.py covers one model (Gemma, Q4_K_M); this covers the types and paths it does not
-reach. On AVX-512 VNNI the process that first compiles the Q8_K product kernels gets other bits for them
-than the cached kernels give (the code before did the same: see the script's docstring), so this fails on
-those entries when it runs on a cold Numba cache. A deliberate numeric change re-records the file with the script (and says why in its commit)."""
+reach (on a cold Numba cache as on a warm one: the Q8_K products once differed between the two, see
+the script's docstring). A deliberate numeric change re-records the file with the script (and says why
+in its commit)."""
 
 from __future__ import annotations
 
