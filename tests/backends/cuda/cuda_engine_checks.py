@@ -1,7 +1,7 @@
 """The batched path on the CUDA backend: the take_rows op, and the batching engine (Decoder.forward_batch
 over the paged cache) on a device model.
 
-Not collected by a plain `pytest` run: tests/backends/test_take_rows.py runs it in a child process under numba's
+Not collected by a plain `pytest` run: tests/backends/cuda/test_cuda_sim.py runs it in a child process under numba's
 CUDA simulator, as tests/backends/cuda/test_cuda_sim.py runs cuda_checks.py (whose tiny model dimensions it reuses).
 On a machine with an NVIDIA GPU and numba-cuda: LOCALLLM_CUDA_FULL=1 python -m pytest tests/backends/cuda/cuda_engine_checks.py
 """

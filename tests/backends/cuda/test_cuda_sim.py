@@ -22,21 +22,33 @@ import pytest
 TESTS = Path(__file__).parent
 
 
-def test_cuda_backend_checks():
+def run_under_simulator(checks: str) -> str:
+    """Run tests/backends/cuda/<checks> in a child pytest: under numba's CUDA simulator, or on the device
+    with LOCALLLM_CUDA_FULL=1. Returns the child's summary line, after asserting it ran clean."""
     env = dict(os.environ)
     if env.get("LOCALLLM_CUDA_FULL") == "1":
         env.pop("NUMBA_ENABLE_CUDASIM", None)
     else:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", str(TESTS / "cuda_checks.py")],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", str(TESTS / checks)],
         cwd=TESTS, env=env, capture_output=True, text=True, timeout=1800,
     )
     report = proc.stdout[-6000:] + proc.stderr[-2000:]
     assert proc.returncode == 0, report
     summary = proc.stdout.strip().splitlines()[-1]
-    assert re.search(r"\b\d+ passed\b", summary), report
     assert not re.search(r"skipped|deselected|xfail|xpass|failed|error", summary), summary
+    return summary
+
+
+def test_cuda_backend_checks():
+    assert re.search(r"\b\d+ passed\b", run_under_simulator("cuda_checks.py"))
+
+
+def test_take_rows_and_the_batching_engine_under_the_cuda_simulator():
+    # cuda_engine_checks.py: the take_rows kernel against np.take, and the batching engine on the CUDA
+    # backend giving two batched requests what generate gives each alone
+    assert re.search(r"\b2 passed\b", run_under_simulator("cuda_engine_checks.py"))
 
 
 # ----- selecting the backend from the CLI (this process: no simulator) ---------------------------------------
