@@ -13,8 +13,16 @@ import pytest
 from localllm.backends.cpu import drivers
 
 
+def _kernel_folder(monkeypatch, folder):
+    """Generated drivers go to `folder` (the process's folder is fixed by its first CPUBackend, which an
+    earlier test in the session has made)."""
+    chosen = drivers._KernelFolder()
+    chosen.use(folder)
+    monkeypatch.setattr(drivers, "KERNEL_FOLDER", chosen)
+
+
 def test_a_new_version_deletes_old_versions_of_its_family_only(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALLLM_KERNEL_DIR", str(tmp_path))
+    _kernel_folder(monkeypatch, tmp_path)
     cache = tmp_path / "__pycache__"
     cache.mkdir()
     old_time = time.time() - drivers.SUPERSEDED_KEEP_SECONDS - 60
@@ -41,7 +49,7 @@ def test_a_new_version_deletes_old_versions_of_its_family_only(tmp_path, monkeyp
 
 
 def test_an_existing_version_deletes_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("LOCALLLM_KERNEL_DIR", str(tmp_path))
+    _kernel_folder(monkeypatch, tmp_path)
     current = tmp_path / "fam_z_fedcba9876543210.py"
     current.write_text("X = 1\n")
     old = tmp_path / "fam_z_0123456789abcdef.py"
