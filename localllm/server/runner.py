@@ -136,7 +136,8 @@ def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warmi
     port in use fails before the kernels are prepared); the engine then starts and prepares its kernels
     (options.warm_up: Engine.warm_up on its thread), inside the context manager warming_up() returns
     when given (the CLI's spinner); then on_ready(model, engine, model_id, url) runs, url naming the
-    port actually bound, just before the socket starts listening (the CLI's banner)."""
+    port actually bound, once the socket listens (the CLI's banner): connections from then on wait in its
+    backlog until uvicorn accepts them."""
     import uvicorn
 
     import localllm
@@ -154,9 +155,13 @@ def serve(model_name: Optional[str], options: ServeOptions, on_ready=None, warmi
     try:
         with warming_up() if warming_up is not None else contextlib.nullcontext():
             _wait_ready(engine)
+        # Listening before the banner: a client that connects as soon as it reads it waits in the backlog
+        # until uvicorn accepts, rather than being refused (uvicorn listens again, with the same backlog).
+        config = _uvicorn_config(app, options)
+        sock.listen(config.backlog)
         if on_ready is not None:
             on_ready(model, engine, model_id_of(model, model_id), base_url(sock))
-        uvicorn.Server(_uvicorn_config(app, options)).run(sockets=[sock])
+        uvicorn.Server(config).run(sockets=[sock])
     finally:
         sock.close()
         engine.stop()

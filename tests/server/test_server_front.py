@@ -189,3 +189,23 @@ def test_serve_on_a_busy_port_is_one_line_and_exit_1():
     assert proc.returncode == 1, err
     assert err == f"error: port {port} on 127.0.0.1 is already in use; choose another with --port (0: any free port)\n"
     assert out == ""
+
+
+def test_the_socket_listens_when_the_banner_is_printed(tmp_path):
+    """serve's on_ready (the CLI's banner with the URL) runs once the socket listens: a client that
+    connects the moment it reads the URL is queued, not refused (CI once saw the refusal under load)."""
+    from tiny_models import write_tiny_model
+
+    from localllm.server.runner import ServeOptions, serve
+
+    class Stop(Exception):
+        pass
+
+    def on_ready(model, engine, model_id, url):
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        socket.create_connection((host, int(port)), timeout=5).close()
+        raise Stop
+
+    path = write_tiny_model(tmp_path / "llama-Q8_0.gguf", "llama", "Q8_0")
+    with pytest.raises(Stop):
+        serve(str(path), ServeOptions(port=0, ctx=64, cache_mb=1, warm_up=False), on_ready=on_ready)
