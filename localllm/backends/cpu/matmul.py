@@ -50,7 +50,16 @@ def blas_min_rows(qt: QuantType) -> int:
     against integer: Q5_0 640x2048 1.61/0.72, 11.55/5.86; Q6_K 2048x640 1.73/0.69, 12.15/5.50; Q4_K
     1024x640 0.82/0.36, 6.30/3.07; Llama-3-8B shapes, T=64: Q4_K 4096x14336 118/36), and about even
     with the AVX-512 kernels' GEMM alone, before their dequantization."""
-    return INTEGER_ALWAYS if has_multirow_kernels(qt) else BLAS_MIN_ROWS
+    return INTEGER_ALWAYS if has_multirow_kernels(qt) or has_fast_tiles(qt) else BLAS_MIN_ROWS
+
+
+def has_fast_tiles(qt: QuantType) -> bool:
+    """Whether the type has a tile kernel (16 weight rows as vector lanes) and the target runs it fast
+    (AVX-512 VNNI): from its min_rows the tiles, below them the one-row or grid kernels, never BLAS.
+    Elsewhere the tile kernel compiles through portable IR and BLAS stays ahead for long prompts."""
+    return kernel_record(qt).tiles is not None and _tiles_available()
+
+
 TILE_ROWS = 512
 
 
