@@ -125,21 +125,21 @@ class KernelRecord:
 
 
 def _f32() -> KernelRecord:
-    from . import f32
+    from . import f32 as k
 
-    return KernelRecord(quant.get("F32"), f32.vec_dot, quant.get("F32").dequantize_row)
+    return KernelRecord(quant.get("F32"), k.vec_dot, quant.get("F32").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS))
 
 
 def _f16() -> KernelRecord:
-    from . import f16
+    from . import f16 as k
 
-    return KernelRecord(quant.get("F16"), f16.vec_dot, quant.get("F16").dequantize_row)
+    return KernelRecord(quant.get("F16"), k.vec_dot, quant.get("F16").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS))
 
 
 def _bf16() -> KernelRecord:
-    from . import bf16
+    from . import bf16 as k
 
-    return KernelRecord(quant.get("BF16"), bf16.vec_dot, quant.get("BF16").dequantize_row)
+    return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS))
 
 
 def _q4_0() -> KernelRecord:

@@ -1,0 +1,141 @@
+"""Dot products of float weight rows (F32, F16, BF16) with float32 activations, several at once.
+
+One order for every dot, in every kernel: the row is taken LANES = 16 elements at a time, each chunk's
+weights widened to float32 (F16: vcvtph2ps; BF16: the 16 bits moved to the top of a word) and multiplied
+into 16 running sums with one fused multiply-add per lane (acc = fma(w, x, acc)); the 16 sums are then
+added by halves (lanes l and l + 8, then l and l + 4, ...); the last n % 16 elements follow one by one,
+each an fma into that total. `vec_dot` (one weight row, one activation row: decode) and the grid kernels
+(R weight rows x A activation rows, each weight and activation chunk loaded once for all the dots it
+enters: prefill and batched decode) run exactly these operations per dot, so every product equals
+vec_dot's bit for bit at every batch size.
+
+Why a grid of dots rather than weight rows as lanes (q4_k_tiles): with the lanes along a row, the
+one-row kernel keeps 16 independent sums too, so decode streams the weights at memory speed in the same
+order; and a 4 x 4 grid keeps 16 accumulators, 4 weight and 4 activation vectors in the 32 vector
+registers of AVX-512: 16 fused multiply-adds per 8 loads, bound by the FMA units as a GEMM is. Before
+it, these types' prompts went through OpenBLAS (after a float32 copy of each weight tile), whose kernels
+some machines pin to AVX2 (OPENBLAS_CORETYPE=Haswell): half the FMA width of a 512-bit core.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+LANES = 16
+GRID_W, GRID_A = 4, 4  # weight rows x activation rows per grid call
+MIN_ROWS = 2  # activation rows from which matmul_rows takes matvec_tiles
+TILE = 16  # matvec_tiles covers the first N - N % TILE weight rows (the TileKernel contract)
+PINNED = ("arcp",)  # permits nothing for fadd: keeps Numba's fast-math rewrite off the halving sums
+
+
+def _widened(builder, kind: str, pointer):
+    """<16 x float> from 16 weights at `pointer` (float* for f32, i16* for f16 / bf16)."""
+    f32x16 = ir.VectorType(ir.FloatType(), LANES)
+    if kind == "f32":
+        return builder.load(builder.bitcast(pointer, f32x16.as_pointer()), align=4)
+    shorts = builder.load(builder.bitcast(pointer, ir.VectorType(ir.IntType(16), LANES).as_pointer()), align=2)
+    if kind == "f16":
+        return builder.fpext(builder.bitcast(shorts, ir.VectorType(ir.HalfType(), LANES)), f32x16)
+    words = builder.shl(builder.zext(shorts, ir.VectorType(ir.IntType(32), LANES)),
+                        ir.Constant(ir.VectorType(ir.IntType(32), LANES), [16] * LANES))
+    return builder.bitcast(words, f32x16)
+
+
+def _halving_sum(builder, vec):
+    """Lanes l and l + 8, then l and l + 4, ...: the float32 total of a <16 x float>."""
+    width = LANES
+    while width > 1:
+        width //= 2
+        index = ir.VectorType(ir.IntType(32), width)
+        low = builder.shuffle_vector(vec, vec, ir.Constant(index, list(range(width))))
+        high = builder.shuffle_vector(vec, vec, ir.Constant(index, list(range(width, 2 * width))))
+        vec = builder.fadd(low, high, flags=PINNED)
+    return builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
+
+
+def _row_pointers(context, builder, array_type, array, first, count, element):
+    """Pointers (element*) to rows first..first+count-1 of a C-contiguous 2D array, or to the data of a
+    1D array (count 1)."""
+    arr = context.make_array(array_type)(context, builder, array)
+    if array_type.ndim == 1:
+        return [builder.bitcast(arr.data, element.as_pointer())]
+    stride = cgutils.unpack_tuple(builder, arr.strides)[0]
+    base = builder.bitcast(arr.data, ir.IntType(8).as_pointer())
+    first = builder.sext(first, stride.type) if first.type.width < stride.type.width else first
+    rows = []
+    for i in range(count):
+        offset = builder.mul(builder.add(first, ir.Constant(stride.type, i)), stride)
+        rows.append(builder.bitcast(builder.gep(base, [offset]), element.as_pointer()))
+    return rows
+
+
+def _scalar_weight(builder, kind: str, pointer):
+    """float from one weight at `pointer`, widened as _widened does."""
+    if kind == "f32":
+        return builder.load(pointer)
+    short = builder.load(pointer)
+    if kind == "f16":
+        return builder.fpext(builder.bitcast(short, ir.HalfType()), ir.FloatType())
+    return builder.bitcast(builder.shl(builder.zext(short, ir.IntType(32)), ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+
+def grid_intrinsic(kind: str, n_w: int, n_a: int):
+    """dots(weights, r0, x, t0, n) -> UniTuple(float32, n_w * n_a): the first n elements of weight rows
+    r0..r0+n_w-1 (uint8[N, row_bytes], or a 1D row for n_w 1) dotted with activation rows
+    t0..t0+n_a-1 (float32[T, >= n], or 1D for n_a 1) in the module's order, ordered (r0, t0), (r0,
+    t0 + 1), ..., (r0 + 1, t0), ..."""
+    element = ir.FloatType() if kind == "f32" else ir.IntType(16)
+
+    @intrinsic
+    def dots(typingctx, weights, r0, x, t0, n):
+        sig = types.UniTuple(types.float32, n_w * n_a)(weights, r0, x, t0, n)
+
+        def codegen(context, builder, signature, args):
+            weights_, r0_, x_, t0_, n_ = args
+            w_type, _, x_type, _, _ = signature.args
+            w_rows = _row_pointers(context, builder, w_type, weights_, r0_, n_w, element)
+            x_rows = _row_pointers(context, builder, x_type, x_, t0_, n_a, ir.FloatType())
+            i64 = ir.IntType(64)
+            n_ = builder.sext(n_, i64) if n_.type.width < 64 else n_
+            f32x16 = ir.VectorType(ir.FloatType(), LANES)
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+            zero = ir.Constant(f32x16, [0.0] * LANES)
+            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_w * n_a)]
+            with cgutils.for_range(builder, builder.udiv(n_, i64(LANES))) as loop:
+                at = builder.mul(loop.index, i64(LANES))
+                ws = [_widened(builder, kind, builder.gep(row, [at])) for row in w_rows]
+                xs = [builder.load(builder.bitcast(builder.gep(row, [at]), f32x16.as_pointer()), align=4) for row in x_rows]
+                for i, w in enumerate(ws):
+                    for j, xv in enumerate(xs):
+                        acc = accs[i * n_a + j]
+                        builder.store(builder.call(fma, [w, xv, builder.load(acc)]), acc)
+            totals = [cgutils.alloca_once_value(builder, _halving_sum(builder, builder.load(acc))) for acc in accs]
+            # the last n % 16 elements, one fma each into the total
+            fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3), "llvm.fma.f32")
+            tail_start = builder.sub(n_, builder.urem(n_, i64(LANES)))
+            with cgutils.for_range(builder, builder.urem(n_, i64(LANES))) as loop:
+                at = builder.add(tail_start, loop.index)
+                ws = [_scalar_weight(builder, kind, builder.gep(row, [at])) for row in w_rows]
+                xs = [builder.load(builder.gep(row, [at])) for row in x_rows]
+                for i, w in enumerate(ws):
+                    for j, xv in enumerate(xs):
+                        total = totals[i * n_a + j]
+                        builder.store(builder.call(fma1, [w, xv, builder.load(total)]), total)
+            return context.make_tuple(builder, signature.return_type, [builder.load(t) for t in totals])
+
+        return sig, codegen
+
+    return dots
+
+
+class FloatDots:
+    """The grid intrinsics of one weight kind ("f32", "f16", "bf16"), for the type's kernel module."""
+
+    def __init__(self, kind: str):
+        self.dots_1x1 = grid_intrinsic(kind, 1, 1)
+        self.dots_4x1 = grid_intrinsic(kind, GRID_W, 1)
+        self.dots_4x4 = grid_intrinsic(kind, GRID_W, GRID_A)
