@@ -20,9 +20,11 @@ some machines pin to AVX2 (OPENBLAS_CORETYPE=Haswell): half the FMA width of a 5
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
+from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+from ....jit import exact_kernel
 
 
 LANES = 16
@@ -132,10 +134,59 @@ def grid_intrinsic(kind: str, n_w: int, n_a: int):
     return dots
 
 
-class FloatDots:
-    """The grid intrinsics of one weight kind ("f32", "f16", "bf16"), for the type's kernel module."""
+# The weight kinds, as the kernels below take them (a constant at each type's call site, so each type's
+# compiled kernel keeps only its own branch).
+F32, F16, BF16 = 0, 1, 2
 
-    def __init__(self, kind: str):
-        self.dots_1x1 = grid_intrinsic(kind, 1, 1)
-        self.dots_4x1 = grid_intrinsic(kind, GRID_W, 1)
-        self.dots_4x4 = grid_intrinsic(kind, GRID_W, GRID_A)
+f32_1x1, f32_4x1, f32_4x4 = (grid_intrinsic("f32", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
+f16_1x1, f16_4x1, f16_4x4 = (grid_intrinsic("f16", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
+bf16_1x1, bf16_4x1, bf16_4x4 = (grid_intrinsic("bf16", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
+
+
+@exact_kernel
+def float_dot(w, x, kind):
+    """vec_dot of the kind: w uint8[row_bytes] weight row, x float32[n] activation."""
+    if kind == F32:
+        return f32_1x1(w, 0, x, 0, x.shape[0])[0]
+    if kind == F16:
+        return f16_1x1(w, 0, x, 0, x.shape[0])[0]
+    return bf16_1x1(w, 0, x, 0, x.shape[0])[0]
+
+
+@exact_kernel
+def _dots_4x4(weights, r0, x, t, n, kind):
+    if kind == F32:
+        return f32_4x4(weights, r0, x, t, n)
+    if kind == F16:
+        return f16_4x4(weights, r0, x, t, n)
+    return bf16_4x4(weights, r0, x, t, n)
+
+
+@exact_kernel
+def _dots_4x1(weights, r0, x, n, kind):
+    if kind == F32:
+        return f32_4x1(weights, r0, x, 0, n)
+    if kind == F16:
+        return f16_4x1(weights, r0, x, 0, n)
+    return bf16_4x1(weights, r0, x, 0, n)
+
+
+@exact_kernel(parallel=True)
+def float_matvec_tiles(weights, out, x, kind):
+    """out[t, r] = float_dot(weights[r], x[t], kind) for r < N - N % TILE: groups of GRID_W weight rows
+    in parallel, GRID_A activation rows at a time, then the last T % GRID_A one by one."""
+    n_rows, n = x.shape
+    for g in prange((weights.shape[0] - weights.shape[0] % TILE) // GRID_W):
+        r0 = g * GRID_W
+        t = 0
+        while t + GRID_A <= n_rows:
+            sums = _dots_4x4(weights, r0, x, t, n, kind)
+            for i in range(GRID_W):
+                for j in range(GRID_A):
+                    out[t + j, r0 + i] = sums[i * GRID_A + j]
+            t += GRID_A
+        while t < n_rows:
+            sums = _dots_4x1(weights, r0, x[t], n, kind)
+            for i in range(GRID_W):
+                out[t, r0 + i] = sums[i]
+            t += 1
