@@ -177,15 +177,17 @@ def _q8_0() -> KernelRecord:
 
 
 def _q2_k() -> KernelRecord:
-    from . import q2_k
+    from . import q2_k, q2_k_tiles
 
-    return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row)
+    tiles = TileKernel(q2_k_tiles.matvec_tiles, q2_k_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row, tiles=tiles)
 
 
 def _q3_k() -> KernelRecord:
-    from . import q3_k
+    from . import q3_k, q3_k_tiles
 
-    return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row)
+    tiles = TileKernel(q3_k_tiles.matvec_tiles, q3_k_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row, tiles=tiles)
 
 
 def _q4_k() -> KernelRecord:
