@@ -1,8 +1,9 @@
-"""The Q2_K and Q3_K tile kernels (backends/cpu/quant_kernels/q2_k_tiles.py, q3_k_tiles.py: weight rows as vector
-lanes, prefill) against the one-row vec_dot, bit for bit, as test_quant_tiles.py checks Q4_K's and Q6_K's: tiles of 16 rows with the last N % 16 rows left to the row kernels (through
-matmul_rows), batches across the kernel's steps (four activation rows at a time, then one; chunks of CHUNK = 256),
-extreme activations and weights, and every VectorCode instruction-set path (uncached copies compiled
-under each VECTOR_ISA, as in test_quant_isa.py)."""
+"""The Q2_K, Q3_K and Q5_K tile kernels (backends/cpu/quant_kernels/q2_k_tiles.py, q3_k_tiles.py,
+q5_k_tiles.py: weight rows as vector lanes, prefill) against the one-row vec_dot, bit for bit, as
+test_quant_tiles.py checks Q4_K's and Q6_K's: tiles of 16 rows with the last N % 16 rows left to the row
+kernels (through matmul_rows), batches across the kernel's steps (four activation rows at a time, then one;
+chunks of CHUNK = 256), extreme activations and weights, and every VectorCode instruction-set path (uncached
+copies compiled under each VECTOR_ISA, as in test_quant_isa.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
-from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, q2_k_tiles, q3_k_tiles, q4_k_tiles, vector
+from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, q2_k_tiles, q3_k_tiles, q4_k_tiles, q5_k_tiles, vector
 
-MODULES = {"Q2_K": q2_k_tiles, "Q3_K": q3_k_tiles}
+MODULES = {"Q2_K": q2_k_tiles, "Q3_K": q3_k_tiles, "Q5_K": q5_k_tiles}
 TYPES = sorted(MODULES)
 
 
