@@ -2,11 +2,14 @@
 
 A tile of 16 weight rows is unpacked per super-block into the transposed scratch (row i's element p at
 tile[p // 4, 4 * i + p % 4]), each 2-bit quant already multiplied by its group's 4-bit scale (q * scale
-<= 45 fits the unsigned byte vpdpbusd takes), so one chain of vpdpbusd per activation row gives
-sum_g scale_g * <q_g, a_g> for 16 rows with no multiply per group. The mins go through vpdpwssd: the
+<= 45 fits the unsigned byte vpdpbusd takes), so vpdpbusd alone (two chains per activation row) gives
+sum_g scale_g * <q_g, a_g> for 16 rows, with no multiply per group. The mins go through vpdpwssd: the
 rows' min pairs (int16) against the activation's 16-element sums in pairs. Then q2_k.vec_dot's float
 step, fma(ad, fma(d, scaled, -(dmin * mins)), acc) (q4_k.accumulate), on 16 lanes: every output equals
 q2_k.vec_dot's bit for bit.
+
+Measured (one thread, T = 256, 640 x 1024 and 640 x 2048, activation quantization included): 1.2 ns per
+(weight row, activation row, super-block), Q4_K's tiles 1.1; 3.8x faster than dequantize + BLAS.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ N_PAIRS = N_GROUPS // 2  # int16 pairs of groups (2k, 2k + 1) per super-block
 
 def two_bit_chunks(v: VectorCode, row, quants_at):
     """The 256 2-bit quants at row[quants_at:] (64 bytes, Q2_K's and Q3_K's qs layout) as four <64 x i8>
-    vectors: chunk c holds elements 64c .. 64c + 63 (half h = c // 2, bit pairs 2j and 2j + 2 for
-    j = 2 (c % 2))."""
+    vectors: chunk c holds elements 64c .. 64c + 63 (half h = c // 2: bits 2j, 2j + 1 of its 32 bytes,
+    then bits 2j + 2, 2j + 3, for j = 2 * (c % 2))."""
     builder = v.builder
     i64 = ir.IntType(64)
     halves = [v.load(None, row, builder.add(quants_at, i64(32 * h)), 32) for h in range(2)]
@@ -106,7 +109,7 @@ def scaled_sums(v: VectorCode, tile_type, tile, aqs_type, aqs, t, b, rows: int):
         quads = v.load(tile_type, tile, i64(64 * quad), 64)
         for u in range(rows):
             sums[u][quad % 2] = _dot_quads_512(v, sums[u][quad % 2], quads, act_quad(u, 4 * quad))
-    return [v.add(a, b_) for a, b_ in sums]
+    return [v.add(even, odd) for even, odd in sums]
 
 
 def paired_group_sums(v: VectorCode, sums_type, sums, row, b, weight_pairs):

@@ -6,6 +6,9 @@ four vpdpbusd (16 rows at once) are scaled by the rows' signed 6-bit scales (q4_
 the offset of u comes back as 4 * sum_g scale_g * asum_g (vpdpwssd on int16 pairs of scales and of the
 activation's 16-element sums): the int32 total q3_k.block_sum computes, then q3_k.vec_dot's float step,
 fma(ad * d, total, acc), on 16 lanes. Every output equals q3_k.vec_dot's bit for bit.
+
+Measured (one thread, T = 256, 640 x 1024 and 640 x 2048, activation quantization included): 1.35 ns per
+(weight row, activation row, super-block), Q4_K's tiles 1.1; 3.6x faster than dequantize + BLAS.
 """
 
 from __future__ import annotations

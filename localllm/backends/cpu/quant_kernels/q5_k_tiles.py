@@ -4,6 +4,9 @@ Q5_K has Q4_K's scales, mins and float step (q5_k.vec_dot calls q4_k.accumulate)
 differ: 5 bits (0..31, still an unsigned byte for vpdpbusd), the low nibbles at a later offset and the
 fifth bits in qh. So the unpacking is this type's own and the per-block products are q4_k_tiles'
 tile_dots as they are: every output equals q5_k.vec_dot's bit for bit.
+
+Measured (one thread, 640 x 1024 and 640 x 2048): 0.92 ns per (weight row, activation row, super-block)
+at T = 256, 1.55x faster than the row kernels (kquant_rows); 1.3x at T = 64.
 """
 
 from __future__ import annotations
