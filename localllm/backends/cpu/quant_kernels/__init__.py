@@ -177,15 +177,17 @@ def _q8_0() -> KernelRecord:
 
 
 def _q2_k() -> KernelRecord:
-    from . import q2_k
+    from . import q2_k, q2_k_tiles
 
-    return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row)
+    tiles = TileKernel(q2_k_tiles.matvec_tiles, q2_k_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row, tiles=tiles)
 
 
 def _q3_k() -> KernelRecord:
-    from . import q3_k
+    from . import q3_k, q3_k_tiles
 
-    return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row)
+    tiles = TileKernel(q3_k_tiles.matvec_tiles, q3_k_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row, tiles=tiles)
 
 
 def _q4_k() -> KernelRecord:
@@ -202,10 +204,11 @@ def _q4_k() -> KernelRecord:
 
 def _q5_k() -> KernelRecord:
     from . import kquant_rows as r
-    from . import q5_k
+    from . import q5_k, q5_k_tiles
 
     rows = RowKernels(r.q5_k_pack, r.q5_k_rows_2, r.q5_k_rows_4, r.q5_k_rows_8, r.q5_k_rows_16)
-    return KernelRecord(quant.get("Q5_K"), q5_k.vec_dot, q5_k.dequantize_row, rows=rows)
+    tiles = TileKernel(q5_k_tiles.matvec_tiles, q5_k_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("Q5_K"), q5_k.vec_dot, q5_k.dequantize_row, rows=rows, tiles=tiles)
 
 
 def _q6_k() -> KernelRecord:

@@ -6,8 +6,9 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from ....jit import fast_kernel, read_f16
-from ....quant.q2_k import BLOCK, BLOCK_BYTES, N_GROUPS, _D, _DMIN, _QS, _SCALES
+from ....jit import exact_kernel
+from ....quant.q2_k import BLOCK, BLOCK_BYTES, N_GROUPS, _D, _QS, _SCALES
+from .q4_k import accumulate
 from .vector import VectorCode
 
 
@@ -38,18 +39,19 @@ def block_sums(typingctx, w, base, aqs, a, asum, group):
     return sig, codegen
 
 
-@fast_kernel
+@exact_kernel
 def vec_dot(w, aqs, ad, asum):
     """w: uint8[nb*84] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation.
 
     Per super-block, in integers: sum_g scale_g * <q_g, a_g> and the mins through the activation's group
-    sums; then ad * (d * scaled - dmin * mins).
+    sums; then the float step stated as fmas, fma(ad, fma(d, scaled, -(dmin * mins)), acc)
+    (q4_k.accumulate: d and dmin are adjacent float16s there too), so that the tiles (q2_k_tiles) can
+    compute each lane's bits (written `acc += ad * (d * scaled - dmin * mins)` under fast-math, LLVM
+    was free to contract it differently per kernel).
     """
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
         scaled, mins = block_sums(w, base, aqs, b * BLOCK, asum, b * N_GROUPS)
-        d = read_f16(w, base + _D)
-        dmin = read_f16(w, base + _DMIN)
-        acc += ad[b] * (d * np.float32(scaled) - dmin * np.float32(mins))
+        acc = accumulate(acc, ad[b], w, base + _D, scaled, mins)
     return acc

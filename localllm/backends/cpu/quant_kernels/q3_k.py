@@ -7,7 +7,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from ....jit import fast_kernel, read_f16
+from ....jit import exact_kernel, fma_f32, read_f16
 from ....quant.q3_k import BLOCK, BLOCK_BYTES, N_GROUPS, _D, _HMASK, _QS, _SCALES
 from .vector import VectorCode
 
@@ -58,12 +58,16 @@ def block_sum(typingctx, w, base, aqs, a, asum, group):
     return sig, codegen
 
 
-@fast_kernel
+@exact_kernel
 def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*110] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation."""
+    """w: uint8[nb*110] weight row; aqs int8[n], ad float32[n/256], asum int32[n/16]: q8_k activation.
+
+    The float step once per block, stated: fma(ad * d, total, acc) (as q6_k.accumulate), so that the
+    tiles (q3_k_tiles) compute each lane's bits (`acc += ad * d * total` under fast-math left LLVM free
+    to contract it differently per kernel)."""
     acc = np.float32(0.0)
     for b in range(aqs.shape[0] // BLOCK):
         base = b * BLOCK_BYTES
         total = block_sum(w, base, aqs, b * BLOCK, asum, b * N_GROUPS)
-        acc += ad[b] * read_f16(w, base + _D) * np.float32(total)
+        acc = fma_f32(ad[b] * read_f16(w, base + _D), np.float32(total), acc)
     return acc
