@@ -227,14 +227,15 @@ unpack_nl_single = _unpack_nl(1)
 
 def _tile_dots_nl(rows: int, n_blocks: int):
     @intrinsic
-    def tile_dots(typingctx, tile, dd, aqs, ad, asum, acc, t, a, j, m0):
+    def tile_dots(typingctx, tile, dd, aqs, ad, offsets, acc, t, a, j, m0):
         """For activation rows t..t+rows-1: acc[a + u] (16 floats: the tile's rows) takes the steps of
         blocks j..j+n_blocks-1 in order, as iq4_nl.vec_dot does for each row; the blocks' values are
-        at tile blocks m0.. (tile quads 8 * m0 ...), their weight scales in dd float32[8, 16] rows m0..."""
-        sig = types.void(tile, dd, aqs, ad, asum, acc, t, a, j, m0)
+        at tile blocks m0.. (tile quads 8 * m0 ...), their weight scales in dd float32[8, 16] rows m0..;
+        offsets int32[T, nb]: -128 times the activation's block sums (block_offsets)."""
+        sig = types.void(tile, dd, aqs, ad, offsets, acc, t, a, j, m0)
 
         def codegen(context, builder, signature, args):
-            tile_, dd_, aqs_, ad_, asum_, acc_, t_, a_, j_, m0_ = args
+            tile_, dd_, aqs_, ad_, offsets_, acc_, t_, a_, j_, m0_ = args
             tt, dt, qt, adt, st, acct = signature.args[:6]
             v = VectorCode(context, builder)
             i32, i64 = ir.IntType(32), ir.IntType(64)
@@ -243,14 +244,15 @@ def _tile_dots_nl(rows: int, n_blocks: int):
             t_, a_, j_, m0_ = (v.resize(x, 64) for x in (t_, a_, j_, m0_))
             act_rows = [v.row_pointer(qt, aqs_, builder.add(t_, i64(u))) for u in range(rows)]
             scale_rows = [v.row_pointer(adt, ad_, builder.add(t_, i64(u))) for u in range(rows)]
-            sum_rows = [v.row_pointer(st, asum_, builder.add(t_, i64(u))) for u in range(rows)]
+            offset_rows = [v.row_pointer(st, offsets_, builder.add(t_, i64(u))) for u in range(rows)]
             acc_pointers = [builder.bitcast(v.row_pointer(acct, acc_, builder.add(a_, i64(u))), f32x16.as_pointer()) for u in range(rows)]
             sums_acc = [builder.load(pointer, align=4) for pointer in acc_pointers]
             for m in range(n_blocks):
                 block = builder.add(j_, i64(m))
                 tile_block = builder.add(m0_, i64(m))
                 first_act = builder.mul(block, i64(nl_format.BLOCK))
-                dots = [None] * rows
+                # each sum starts at -128 * sum(a): <KVALUES, a> = <U, a> - 128 * sum(a)
+                dots = [v.splat(builder.load(builder.gep(offset_rows[u], [block])), 16) for u in range(rows)]
                 for q in range(nl_format.BLOCK // 4):
                     quads = v.load(tt, tile_, builder.mul(builder.add(builder.mul(tile_block, i64(8)), i64(q)), i64(64)), 64)
                     for u in range(rows):
@@ -259,11 +261,9 @@ def _tile_dots_nl(rows: int, n_blocks: int):
                         dots[u] = _dot_quads_512(v, dots[u], quads, v.bitcast(v.splat(word, 16), 64, 8))
                 d_vec = v.load(dt, dd_, builder.mul(tile_block, i64(TILE)), 16)
                 for u in range(rows):
-                    offset = builder.shl(builder.load(builder.gep(sum_rows[u], [block])), ir.Constant(i32, 7))
-                    total = builder.sub(dots[u], v.splat(offset, 16))  # <KVALUES, a> = <U, a> - 128 * sum(a)
                     # vec_dot's float step, lane by lane: d * ad rounded, then one fma
                     scale = builder.fmul(d_vec, v.splat(builder.load(builder.gep(scale_rows[u], [block])), 16), flags=("arcp",))
-                    sums_acc[u] = builder.call(fma, [builder.sitofp(total, f32x16), scale, sums_acc[u]])
+                    sums_acc[u] = builder.call(fma, [builder.sitofp(dots[u], f32x16), scale, sums_acc[u]])
             for pointer, value in zip(acc_pointers, sums_acc):
                 builder.store(value, pointer, align=4)
             return context.get_dummy_value()
@@ -281,6 +281,14 @@ tile_dots_nl_4x1 = _tile_dots_nl(ROWS, 1)
 tile_dots_nl_1x1 = _tile_dots_nl(1, 1)
 
 
+@exact_kernel
+def block_offsets(asum, out):
+    """out int32[T, nb] = -128 * asum (the q8_0 activation's block sums, |sum| <= 32 * 127)."""
+    for t in range(asum.shape[0]):
+        for b in range(asum.shape[1]):
+            out[t, b] = -OFFSET * asum[t, b]
+
+
 @exact_kernel(parallel=True)
 def matvec_tiles_nl(weights, out, qs, d, s):
     """q4_k_tiles.matvec_tiles for IQ4_NL: out[t, r] for the first N - N % 16 weight rows, each equal to
@@ -288,6 +296,8 @@ def matvec_tiles_nl(weights, out, qs, d, s):
     (block j + m at tile block m, its scales in dd[m]); the last n_blocks % 8 four at once, then one by one."""
     n_rows = qs.shape[0]
     n_blocks = d.shape[1]
+    offsets = np.empty((n_rows, n_blocks), dtype=np.int32)
+    block_offsets(s, offsets)
     for tile_index in prange(weights.shape[0] // TILE):
         r0 = tile_index * TILE
         tile = np.empty((64, 64), dtype=np.uint8)
@@ -308,21 +318,21 @@ def matvec_tiles_nl(weights, out, qs, d, s):
                 t = t0
                 while t + ROWS <= t1:
                     if count == NL_GROUP:
-                        tile_dots_nl_4x8(tile, dd, qs, d, s, acc, t, t - t0, j, 0)
+                        tile_dots_nl_4x8(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
                     else:
                         if count >= 4:  # count < 8: four blocks at once where there are, then one by one
-                            tile_dots_nl_4x4(tile, dd, qs, d, s, acc, t, t - t0, j, 0)
+                            tile_dots_nl_4x4(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
                         for m in range(count & 4, count):
-                            tile_dots_nl_4x1(tile, dd, qs, d, s, acc, t, t - t0, j + m, m)
+                            tile_dots_nl_4x1(tile, dd, qs, d, offsets, acc, t, t - t0, j + m, m)
                     t += ROWS
                 while t < t1:
                     if count == NL_GROUP:
-                        tile_dots_nl_1x8(tile, dd, qs, d, s, acc, t, t - t0, j, 0)
+                        tile_dots_nl_1x8(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
                     else:
                         if count >= 4:  # count < 8: four blocks at once where there are, then one by one
-                            tile_dots_nl_1x4(tile, dd, qs, d, s, acc, t, t - t0, j, 0)
+                            tile_dots_nl_1x4(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
                         for m in range(count & 4, count):
-                            tile_dots_nl_1x1(tile, dd, qs, d, s, acc, t, t - t0, j + m, m)
+                            tile_dots_nl_1x1(tile, dd, qs, d, offsets, acc, t, t - t0, j + m, m)
                     t += 1
             for t in range(t0, t1):
                 for i in range(TILE):
