@@ -11,7 +11,7 @@ group: <KVALUES, a> = <U, a> - 128 * (sum of a), exactly.
   of scales and of the activation's 32-element sums, then iq4_xs.vec_dot's float step on 16 lanes,
   fma(ad * d, total, acc).
 - IQ4_NL (q8_0 activation; a float16 scale per 32-element block): per block the integer
-  <U, a> - 128 * s[t, b], then iq4_nl.vec_dot's float step, fma(total, d * ad, acc), block by block.
+  <U, a> - 128 * s[t, b] (the products start from -128 * s[t, b]), then iq4_nl.vec_dot's float step, fma(total, d * ad, acc), block by block.
   Blocks are unpacked 8 at a time (256 positions, the scratch's size); a row length that is not a
   multiple of 256 (Gemma 3's 640) leaves up to 7 blocks, taken four at once, then one at a time.
 
@@ -32,13 +32,17 @@ from ....quant import iq4_nl as nl_format
 from ....quant import iq4_xs as xs_format
 from .iq4_xs import emit_scales
 from .q4_k_tiles import (
-    CHUNK, MIN_ROWS, ROWS, TILE, _dot_quads_512, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums,
+    CHUNK, ROWS, TILE, _dot_quads_512, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums,
     sub_block_sum_pairs,
 )
 from .vector import VectorCode
 
 __all__ = ["MIN_ROWS", "matvec_tiles_nl", "matvec_tiles_xs"]
 
+# Fewer activation rows: vec_dot per (weight row, activation row) (these types have no row kernels).
+# From two rows the tiles are ahead: 1.5x at T = 2, 3x at 4, 6-7x at 16 (one thread, 640 x 2048 IQ4_NL
+# and 2048 x 640 IQ4_XS); a single row goes through the decode matvec.
+MIN_ROWS = 2
 OFFSET = 128  # added to every table value so that it is an unsigned byte
 # KVALUES + 128 as the int8 bit patterns of unsigned bytes 1..241 (what a byte look-up table holds)
 UNSIGNED_TABLE = [int(value) for value in (nl_format.KVALUES.astype(np.int32) + OFFSET).astype(np.uint8).view(np.int8)]
