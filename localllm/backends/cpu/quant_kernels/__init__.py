@@ -227,15 +227,17 @@ def _q8_k() -> KernelRecord:
 
 
 def _iq4_nl() -> KernelRecord:
-    from . import iq4_nl
+    from . import iq4_nl, iq4_tiles
 
-    return KernelRecord(quant.get("IQ4_NL"), iq4_nl.vec_dot, quant.get("IQ4_NL").dequantize_row)
+    tiles = TileKernel(iq4_tiles.matvec_tiles_nl, iq4_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("IQ4_NL"), iq4_nl.vec_dot, iq4_nl.dequantize_row, tiles=tiles)
 
 
 def _iq4_xs() -> KernelRecord:
-    from . import iq4_xs
+    from . import iq4_tiles, iq4_xs
 
-    return KernelRecord(quant.get("IQ4_XS"), iq4_xs.vec_dot, quant.get("IQ4_XS").dequantize_row)
+    tiles = TileKernel(iq4_tiles.matvec_tiles_xs, iq4_tiles.MIN_ROWS)
+    return KernelRecord(quant.get("IQ4_XS"), iq4_xs.vec_dot, iq4_xs.dequantize_row, tiles=tiles)
 
 
 _TABLE: dict[str, Callable[[], KernelRecord]] = {

@@ -1,4 +1,5 @@
-"""IQ4_XS's CPU kernel (format: localllm/quant/iq4_xs.py): the one-row dot product with a q8_k activation."""
+"""IQ4_XS's CPU kernels (format: localllm/quant/iq4_xs.py): the one-row dot product with a q8_k activation,
+and the row dequantizer in vector code."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from ....jit import fast_kernel, fma_f32, read_f16
-from ....quant.iq4_xs import BLOCK, BLOCK_BYTES, KVALUES, N_SUB, SUB, _D, _QS, _SCALES_H, _SCALES_L
+from ....jit import exact_kernel, fast_kernel, fma_f32, read_f16
+from ....quant.iq4_xs import BLOCK, BLOCK_BYTES, KVALUES, N_SUB, SUB, _D, _QS, _SCALES_H, _SCALES_L, sub_scale
+from .iq4_nl import dequantize_indices
 from .vector import VectorCode
 
 
@@ -42,6 +44,18 @@ def block_sum(typingctx, w, base, aqs, a):
         return v.sum(acc)
 
     return sig, codegen
+
+
+@exact_kernel
+def dequantize_row(src, out):
+    """src: uint8[nb*136] -> out: float32[nb*256], (d * scale_k) * KVALUES[index], the step rounded to
+    float32 first (quant.iq4_xs.dequantize_row's bits)."""
+    for b in range(out.shape[0] // BLOCK):
+        base = b * BLOCK_BYTES
+        d = read_f16(src, base + _D)
+        for k in range(N_SUB):
+            step = d * np.float32(sub_scale(src, base, k))
+            dequantize_indices(src, base + _QS + 16 * k, step, out, b * BLOCK + SUB * k)
 
 
 @fast_kernel
