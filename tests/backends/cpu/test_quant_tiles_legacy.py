@@ -50,7 +50,7 @@ def _check(name, kernel, raw, batch, columns=None, label=""):
 
 def test_every_type_record_has_its_tile_kernel():
     for name, kernel in KERNELS.items():
-        assert kernel_record(name).tiles == TileKernel(kernel, legacy_tiles.MIN_ROWS)
+        assert kernel_record(name).tiles == TileKernel(kernel, legacy_tiles.MIN_ROWS[name])
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -94,7 +94,8 @@ def test_matmul_rows_takes_tiles_and_the_rest_by_rows(name, n_weights):
     rng = np.random.default_rng(n_weights)
     k = 640
     raw = _weights(name, rng, n_weights, k)
-    for n_rows in (legacy_tiles.MIN_ROWS - 1, legacy_tiles.MIN_ROWS, 37):
+    min_rows = legacy_tiles.MIN_ROWS[name]
+    for n_rows in (min_rows - 1, min_rows, min_rows + 5):
         x = _activations(rng, n_rows, k, 1.0)
         batch = BatchActivation(QT.act, n_rows, k).quantize(x)
         out = np.full((n_rows, n_weights), np.nan, dtype=np.float32)
@@ -115,12 +116,13 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
     QT = quant.get(name)
     rng = np.random.default_rng(5)
     raw = _weights(name, rng, 32, 512)
-    for n_rows in (legacy_tiles.MIN_ROWS - 1, legacy_tiles.MIN_ROWS):
+    min_rows = legacy_tiles.MIN_ROWS[name]
+    for n_rows in (min_rows - 1, min_rows):
         x = _activations(rng, n_rows, 512, 1.0)
         out = np.empty((n_rows, 32), dtype=np.float32)
         matmul_rows(QT, raw, x, out, MatmulScratch())
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 512).quantize(x))))
-    assert calls == ([legacy_tiles.MIN_ROWS] if legacy_tiles.available() else [])
+    assert calls == ([min_rows] if legacy_tiles.available() else [])
 
 
 @pytest.mark.parametrize("name", TYPES)

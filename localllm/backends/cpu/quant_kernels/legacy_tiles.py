@@ -35,7 +35,12 @@ from .vector import VectorCode
 BLOCK = 32
 QUADS = BLOCK // 4  # vpdpbusd steps per block: one per float accumulator
 ROWS = 2  # activation rows per pass over the tile (16 accumulators in registers)
-MIN_ROWS = 16  # fewer activation rows: the pair or grid kernels (the unpacking is not paid back)
+# Fewer activation rows: the pair (Q4_0, Q5_0, Q8_0) or grid kernels (Q4_1, Q5_1). Crossovers on Gemma 3
+# 270M's layer shapes, one thread, a session script (best of 21 alternating passes, pairs or grid time /
+# tiles time): Q4_0 T = 16 / 32 / 64: 0.89 / 1.07 / 1.31, Q5_0 T = 16 / 32: 0.86 / 1.13; Q8_0 T = 32 /
+# 48 / 64: 0.80 / 0.81 / 1.06 (its pair kernels unpack nothing and its tiles add a start per lane);
+# Q4_1 T = 4 / 8: 1.41 / 2.35, Q5_1: 0.76 / 1.27.
+MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8}
 
 
 # ----- the types: where their quants lie, as an unpacking of one block to <32 x i8> in element order -----
