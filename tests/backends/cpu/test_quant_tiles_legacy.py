@@ -18,8 +18,8 @@ from quant_rows import bits, random_rows
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
-from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
-from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, legacy_tiles, vector
+from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights, matmul_rows
+from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, legacy_tiles, q4_0_x16, vector
 
 KERNELS = {
     "Q4_0": legacy_tiles.q4_0_tiles,
@@ -143,5 +143,69 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
                 out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)
                 tiles(raw, out, *batch)
                 np.testing.assert_array_equal(bits(out[:, :16]), bits(want[:, :16]), err_msg=f"{name} {isa} T={n_rows}")
+    finally:
+        vector.VECTOR_ISA = saved
+
+
+# -- Q4_0 re-laid 16 rows at a time (q4_0_x16: every batch size, decode included) --
+
+
+def test_q4_0_pack_puts_row_i_scale_at_2i_and_its_quant_word_c_at_32_plus_64c_plus_4i():
+    rng = np.random.default_rng(2)
+    raw = _weights("Q4_0", rng, 37, 288)  # two tiles of 9 blocks, 5 rows left out
+    packed = q4_0_x16.pack(raw)
+    blocks = raw[:32].reshape(2, 16, 9, 18)  # [tile, row, block, byte]
+    want = np.empty((2, 9, 288), dtype=np.uint8)
+    want[:, :, :32] = blocks[:, :, :, :2].transpose(0, 2, 1, 3).reshape(2, 9, 32)
+    quants = blocks[:, :, :, 2:].reshape(2, 16, 9, 4, 4)  # [tile, row, block, word c, byte]
+    want[:, :, 32:] = quants.transpose(0, 2, 3, 1, 4).reshape(2, 9, 256)
+    np.testing.assert_array_equal(packed, want.reshape(18, 288))
+
+
+@pytest.mark.parametrize("k", [256, 2048, 4608])
+def test_q4_0_packed_kernel_equals_vec_dot_at_every_batch_size(k):
+    QT = quant.get("Q4_0")
+    rng = np.random.default_rng(k + 3)
+    raw = _weights("Q4_0", rng, 48, k)
+    packed = q4_0_x16.pack(raw)
+    for n_rows in (1, 2, 3, 4, 5, 16, 33, 256, 257):
+        batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
+        for n_parts in (1, 2, 5):
+            out = np.full((n_rows, 48), np.nan, dtype=np.float32)
+            q4_0_x16.matvec_packed(packed, k // 32, n_parts, out, *batch)
+            np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"K={k} T={n_rows} parts={n_parts}")
+
+
+@pytest.mark.parametrize("n_weights", [16, 21, 47])
+def test_q4_0_packed_weights_take_the_last_rows_by_the_row_kernels(n_weights):
+    QT = quant.get("Q4_0")
+    rng = np.random.default_rng(n_weights)
+    raw = _weights("Q4_0", rng, n_weights, 1056)  # 33 blocks
+    packed = PackedWeights(QT, raw)
+    assert packed.n_packed == n_weights - n_weights % 16
+    for n_rows in (1, 3, 40):
+        x = _activations(rng, n_rows, 1056, 1.0)
+        out = np.full((n_rows, n_weights), np.nan, dtype=np.float32)
+        packed.matmul(x, out, MatmulScratch(), 2)
+        np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 1056).quantize(x))))
+
+
+def test_q4_0_packed_kernel_equals_vec_dot_on_every_isa():
+    QT = quant.get("Q4_0")
+    rng = np.random.default_rng(43)
+    k = 544
+    raw = _weights("Q4_0", rng, 32, k)
+    packed = q4_0_x16.pack(raw)
+    batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 7)]
+    expected = [_expected(QT, raw, batch) for batch in batches]
+    saved = vector.VECTOR_ISA
+    try:
+        for isa in vector.VECTOR_ISAS:
+            vector.VECTOR_ISA = isa
+            kernel = numba.njit(parallel=True, error_model="numpy")(q4_0_x16.matvec_packed.py_func)  # compiled now, for isa
+            for batch, want in zip(batches, expected):
+                out = np.full((batch[0].shape[0], 32), np.nan, dtype=np.float32)
+                kernel(packed, k // 32, 2, out, *batch)
+                np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{isa} T={batch[0].shape[0]}")
     finally:
         vector.VECTOR_ISA = saved

@@ -145,11 +145,14 @@ def _bf16() -> KernelRecord:
 def _q4_0() -> KernelRecord:
     from . import q4_0 as k
 
-    from . import legacy_tiles
+    from . import legacy_tiles, q4_0_x16
 
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
     tiles = TileKernel(legacy_tiles.q4_0_tiles, legacy_tiles.MIN_ROWS["Q4_0"])
-    return KernelRecord(quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles)
+    packed = PackedKernel(q4_0_x16.pack, q4_0_x16.matvec_packed)
+    return KernelRecord(
+        quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles, packed=packed,
+    )
 
 
 def _q4_1() -> KernelRecord:

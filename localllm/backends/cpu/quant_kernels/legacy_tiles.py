@@ -156,46 +156,62 @@ def _rows_kernel(kind: str, n_rows: int):
             st = signature.args
             v = VectorCode(context, builder)
             i64 = ir.IntType(64)
-            f32x16 = ir.VectorType(ir.FloatType(), 16)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
-            t_ = v.resize(t_, 64)
-            act_rows = [[v.row_pointer(st[k], a, v.offset(t_, u)) for k, a in ((3, aqs_), (4, ad_), (5, ints_))] for u in range(n_rows)]
-            zeros = ir.Constant(f32x16, [0.0] * 16)
-            accs = [[cgutils.alloca_once_value(builder, zeros) for _ in range(QUADS)] for _ in range(n_rows)]
-            n_blocks = cgutils.unpack_tuple(builder, context.make_array(st[1])(context, builder, scales_).shape)[0]
-            with cgutils.for_range(builder, n_blocks) as loop:
-                b = loop.index
+
+            def block_vectors(b):
                 quads = [v.load(st[0], tile_, builder.mul(v.offset(builder.mul(b, i64(QUADS)), j), i64(64)), 64) for j in range(QUADS)]
                 d_vec = v.load(st[1], scales_, builder.mul(b, i64(16)), 16)
                 m_vec = v.load(st[2], mins_, builder.mul(b, i64(16)), 16) if kind == MINIMUM else None
-                for u, (qs_row, ad_row, ints_row) in enumerate(act_rows):
-                    ad_splat = v.splat(builder.load(builder.gep(ad_row, [b])), 16)
-                    scale = builder.fmul(d_vec, ad_splat, flags=v.PINNED)
-                    extra = None
-                    if kind == MINIMUM:  # lane 0's m * ad * asum, as legacy.block_terms computes it
-                        asum = builder.sitofp(builder.load(builder.gep(ints_row, [b])), ir.FloatType())
-                        extra = builder.fmul(builder.fmul(m_vec, ad_splat, flags=v.PINNED), v.splat(asum, 16), flags=v.PINNED)
-                    for j in range(QUADS):
-                        start = _lane_start(v, kind, ints_row, b, j)
-                        word = builder.load(builder.bitcast(builder.gep(qs_row, [v.offset(builder.mul(b, i64(BLOCK)), 4 * j)]), ir.IntType(32).as_pointer()), align=1)
-                        ints = _dot_quads_512(v, start, quads[j], v.bitcast(v.splat(word, 16), 64, 8))
-                        values = builder.sitofp(ints, f32x16)
-                        acc = builder.load(accs[u][j])
-                        if kind == MINIMUM:  # acc + fma(values, scale, [extra, 0, ...]): lane j's share
-                            step = builder.call(fma, [values, scale, extra if j == 0 else zeros])
-                            builder.store(builder.fadd(acc, step, flags=v.PINNED), accs[u][j])
-                        else:
-                            builder.store(builder.call(fma, [values, scale, acc]), accs[u][j])
-            r0_ = v.resize(r0_, 64)
-            for u in range(n_rows):
-                total = _float_sum_lanes(v, [builder.load(pointer) for pointer in accs[u]])
-                out_row = v.row_pointer(st[6], out_, v.offset(t_, u))
-                builder.store(total, builder.bitcast(builder.gep(out_row, [r0_]), f32x16.as_pointer()), align=4)
+                return quads, d_vec, m_vec
+
+            n_blocks = cgutils.unpack_tuple(builder, context.make_array(st[1])(context, builder, scales_).shape)[0]
+            acts = [(st[3], aqs_), (st[4], ad_), (st[5], ints_)]
+            emit_rows(v, kind, n_rows, n_blocks, block_vectors, acts, (st[6], out_), r0_, t_)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return tile_rows
+
+
+def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, acts, out, r0, t):
+    """The products of activation rows t..t+n_rows-1 with a tile over every block, into out[t + u, r0 :
+    r0 + 16]. block_vectors(b) gives block b's (eight <64 x i8> quad vectors, <16 x float> scales,
+    <16 x float> minima or None); acts: (type, value) of aqs, ad and the ints of _rows_kernel; out:
+    (type, value). Each row keeps eight <16 x float> accumulators, one per lane of vec_dot's eight."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    f32x16 = ir.VectorType(ir.FloatType(), 16)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+    t = v.resize(t, 64)
+    act_rows = [[v.row_pointer(array_type, array, v.offset(t, u)) for array_type, array in acts] for u in range(n_rows)]
+    zeros = ir.Constant(f32x16, [0.0] * 16)
+    accs = [[cgutils.alloca_once_value(builder, zeros) for _ in range(QUADS)] for _ in range(n_rows)]
+    with cgutils.for_range(builder, v.resize(n_blocks, 64)) as loop:
+        b = loop.index
+        quads, d_vec, m_vec = block_vectors(b)
+        for u, (qs_row, ad_row, ints_row) in enumerate(act_rows):
+            ad_splat = v.splat(builder.load(builder.gep(ad_row, [b])), 16)
+            scale = builder.fmul(d_vec, ad_splat, flags=v.PINNED)
+            extra = None
+            if kind == MINIMUM:  # lane 0's m * ad * asum, as legacy.block_terms computes it
+                asum = builder.sitofp(builder.load(builder.gep(ints_row, [b])), ir.FloatType())
+                extra = builder.fmul(builder.fmul(m_vec, ad_splat, flags=v.PINNED), v.splat(asum, 16), flags=v.PINNED)
+            for j in range(QUADS):
+                start = _lane_start(v, kind, ints_row, b, j)
+                word = builder.load(builder.bitcast(builder.gep(qs_row, [v.offset(builder.mul(b, i64(BLOCK)), 4 * j)]), ir.IntType(32).as_pointer()), align=1)
+                ints = _dot_quads_512(v, start, quads[j], v.bitcast(v.splat(word, 16), 64, 8))
+                values = builder.sitofp(ints, f32x16)
+                acc = builder.load(accs[u][j])
+                if kind == MINIMUM:  # acc + fma(values, scale, [extra, 0, ...]): lane j's share
+                    step = builder.call(fma, [values, scale, extra if j == 0 else zeros])
+                    builder.store(builder.fadd(acc, step, flags=v.PINNED), accs[u][j])
+                else:
+                    builder.store(builder.call(fma, [values, scale, acc]), accs[u][j])
+    r0 = v.resize(r0, 64)
+    for u in range(n_rows):
+        total = _float_sum_lanes(v, [builder.load(pointer) for pointer in accs[u]])
+        out_row = v.row_pointer(out[0], out[1], v.offset(t, u))
+        builder.store(total, builder.bitcast(builder.gep(out_row, [r0]), f32x16.as_pointer()), align=4)
 
 
 def _lane_start(v: VectorCode, kind: str, ints_row, b, j: int):
