@@ -11,6 +11,12 @@ so one 64-byte load holds four quant bytes of each of 16 rows: its low nibbles a
 vpdpbusd against broadcast activation quads. The float steps are legacy_tiles.emit_rows' (vec_dot's
 eight lanes, kept as eight <16 x float> accumulators), so every output equals q4_0.vec_dot's bit for
 bit at every number of activation rows.
+
+Measured (Zen 5 shared with other jobs, one thread, Gemma 3 270M's seven layer matrices, best of 15-31
+alternating passes, a session script): one row in cache 45 us against the grid kernel's 106; from
+memory (18 layers' matrices, 56 MB) 1.07x the grid kernel's speed (1.04x on two threads); T = 2 / 16
+/ 64 / 256 rows 0.07 / 0.56 / 1.83 / 14.0 ms against the pair kernels' 0.14 / 0.69 / 2.66 / 24.5 and
+legacy_tiles' 0.39 / 0.95 / 2.17 / 15.5.
 """
 
 from __future__ import annotations
