@@ -21,17 +21,19 @@ from localllm.backends.cpu import CPUBackend
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.backends.cpu.quant_kernels import kernel_records, q4_k_tiles, q4_k_x16, vector
+from localllm.backends.cpu.quant_kernels import kernel_records, q4_0_x16, q4_k_tiles, q4_k_x16, vector
 
-MODULES = {"Q4_K": q4_k_x16}  # the types with a packed layout (their kernel record's `packed`)
+MODULES = {"Q4_K": q4_k_x16}  # the K-quants with a packed layout (their kernel record's `packed`)
 TYPES = sorted(MODULES)
+TESTED_ELSEWHERE = {"Q4_0": q4_0_x16}  # test_quant_tiles_legacy.py
 
 
 def test_the_packed_types_are_those_whose_record_has_a_packed_kernel():
     records = {record.name: record.packed for record in kernel_records() if record.packed is not None}
-    assert sorted(records) == TYPES
+    modules = MODULES | TESTED_ELSEWHERE
+    assert sorted(records) == sorted(modules)
     for name, packed in records.items():
-        assert (packed.pack, packed.matvec) == (MODULES[name].pack, MODULES[name].matvec_packed)
+        assert (packed.pack, packed.matvec) == (modules[name].pack, modules[name].matvec_packed)
 
 
 def test_q4_k_pack_puts_word_s_of_row_i_at_16s_plus_i():

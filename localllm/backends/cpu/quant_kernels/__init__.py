@@ -145,35 +145,51 @@ def _bf16() -> KernelRecord:
 def _q4_0() -> KernelRecord:
     from . import q4_0 as k
 
+    from . import legacy_tiles, q4_0_x16
+
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
-    return KernelRecord(quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs)
+    tiles = TileKernel(legacy_tiles.q4_0_tiles, legacy_tiles.MIN_ROWS["Q4_0"])
+    packed = PackedKernel(q4_0_x16.pack, q4_0_x16.matvec_packed)
+    return KernelRecord(
+        quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles, packed=packed,
+    )
 
 
 def _q4_1() -> KernelRecord:
+    from . import legacy_tiles
     from . import q4_1 as k
 
-    return KernelRecord(quant.get("Q4_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4))
+    tiles = TileKernel(legacy_tiles.q4_1_tiles, legacy_tiles.MIN_ROWS["Q4_1"])
+    return KernelRecord(quant.get("Q4_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), tiles=tiles)
 
 
 def _q5_0() -> KernelRecord:
     from . import q5_0 as k
 
+    from . import legacy_tiles
+
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
-    return KernelRecord(quant.get("Q5_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs)
+    tiles = TileKernel(legacy_tiles.q5_0_tiles, legacy_tiles.MIN_ROWS["Q5_0"])
+    return KernelRecord(quant.get("Q5_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles)
 
 
 def _q5_1() -> KernelRecord:
+    from . import legacy_tiles
     from . import q5_1 as k
 
-    return KernelRecord(quant.get("Q5_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4))
+    tiles = TileKernel(legacy_tiles.q5_1_tiles, legacy_tiles.MIN_ROWS["Q5_1"])
+    return KernelRecord(quant.get("Q5_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), tiles=tiles)
 
 
 def _q8_0() -> KernelRecord:
     from . import q8_0 as k
 
     grid = GridKernels(k.dot_4x1, k.dot_1x4, one_row_min_bytes=k.ONE_ROW_MIN_BYTES)
+    from . import legacy_tiles
+
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
-    return KernelRecord(quant.get("Q8_0"), k.vec_dot, quant.get("Q8_0").dequantize_row, grid=grid, pairs=pairs)
+    tiles = TileKernel(legacy_tiles.q8_0_tiles, legacy_tiles.MIN_ROWS["Q8_0"])
+    return KernelRecord(quant.get("Q8_0"), k.vec_dot, quant.get("Q8_0").dequantize_row, grid=grid, pairs=pairs, tiles=tiles)
 
 
 def _q2_k() -> KernelRecord:

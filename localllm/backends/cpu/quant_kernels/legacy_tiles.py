@@ -1,0 +1,336 @@
+"""Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 batched products with 16 weight rows as vector lanes (prefill, on
+AVX-512 VNNI targets), each result equal to the type's vec_dot bit for bit.
+
+vec_dot's float order (VectorCode.row_sum) is not one scalar step per block: it keeps eight float lanes
+across the blocks. Per block, lane j of an <8 x i32> holds the four products of quad j (bytes 4j..4j+3;
+lane 0 starts from the zero correction -zero * asum), and the step is acc8 = fma(float(ints8), d * ad,
+acc8), or acc8 + fma(float(ints8), d * ad, [m * ad * asum, 0, ...]) for the types with a minimum
+(FloatSums._accumulate); at the end the eight lanes are summed by halving (float_sum). Here, with the
+16 rows of a tile as the lanes of a 512-bit vector, the vpdpbusd of the tile's quad j against the
+activation's quad j (broadcast) is exactly lane j of ints8 for 16 rows at once, so each activation row
+keeps eight <16 x float> accumulators, one per quad, takes the same operations per block, and sums them
+in float_sum's order: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+
+Loop order: a tile is unpacked once for all K (tile[8b + j, 4i : 4i + 4] = row i's quants 4j..4j+3 of
+block b, K * 16 bytes: L1 or L2 sized for the model's K), its scales (and minima) as float32[nb, 16];
+then ROWS activation rows at a time stream over every block with their 8 * ROWS accumulators in
+registers. Q8_0's signed quants are stored as unsigned q + 128 (vpdpbusd multiplies unsigned by signed
+bytes), so lane j starts from -128 times the activation's quad j sum: |start| <= 128 * 4 * 127 and the
+lane ends at exactly vec_dot's integer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ....jit import exact_kernel, read_f16
+from .legacy import _nibbles, _with_fifth_bits
+from .q4_k_tiles import TILE, _dot_quads_512, _transpose16
+from .vector import VectorCode
+
+BLOCK = 32
+QUADS = BLOCK // 4  # vpdpbusd steps per block: one per float accumulator
+ROWS = 2  # activation rows per pass over the tile (16 accumulators in registers)
+# Fewer activation rows: the pair (Q4_0, Q5_0, Q8_0) or grid kernels (Q4_1, Q5_1). Crossovers on Gemma 3
+# 270M's layer shapes, one thread, a session script (best of 21 alternating passes, pairs or grid time /
+# tiles time): Q4_0 T = 16 / 32 / 64: 0.89 / 1.07 / 1.31, Q5_0 T = 16 / 32: 0.86 / 1.13; Q8_0 T = 32 /
+# 48 / 64: 0.80 / 0.81 / 1.06 (its pair kernels unpack nothing and its tiles add a start per lane);
+# Q4_1 T = 4 / 8: 1.41 / 2.35, Q5_1: 0.76 / 1.27.
+MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8}
+
+
+# ----- the types: where their quants lie, as an unpacking of one block to <32 x i8> in element order -----
+
+
+def _four_bit(qs_offset: int):
+    def quants(v: VectorCode, row, base):
+        return _nibbles(v, None, row, v.offset(base, qs_offset))
+
+    return quants
+
+
+def _five_bit(qh_offset: int, qs_offset: int):
+    def quants(v: VectorCode, row, base):
+        low = _nibbles(v, None, row, v.offset(base, qs_offset))
+        return _with_fifth_bits(v, low, None, row, v.offset(base, qh_offset))
+
+    return quants
+
+
+def _eight_bit_offset(v: VectorCode, row, base):
+    """Q8_0's signed quants as the unsigned bytes q + 128 (the sign bit flipped)."""
+    return v.builder.xor(v.load(None, row, v.offset(base, 2), BLOCK), v.constant(0x80, BLOCK, 8))
+
+
+# ----- unpacking a tile -----
+
+
+def _unpacker(block_bytes: int, quants):
+    """An intrinsic unpack(weights, r0, n_blocks, tile): blocks 0..n_blocks-1 of weight rows r0..r0+15
+    into tile uint8[>= 8 * n_blocks (even), 64], two blocks at a time (16 rows x 16 dwords, transposed)."""
+
+    @intrinsic
+    def unpack(typingctx, weights, r0, n_blocks, tile):
+        sig = types.void(weights, r0, n_blocks, tile)
+
+        def codegen(context, builder, signature, args):
+            weights_, r0_, n_blocks_, tile_ = args
+            v = VectorCode(context, builder)
+            i64 = ir.IntType(64)
+            r0_, n_blocks_ = v.resize(r0_, 64), v.resize(n_blocks_, 64)
+            rows = [v.row_pointer(signature.args[0], weights_, v.offset(r0_, i)) for i in range(TILE)]
+            tile_data = v._data(signature.args[3], tile_)
+
+            def block_pair(first, with_second: bool):
+                """Blocks first and first + 1 (zeros for a missing second) -> tile rows 8 * first + m."""
+                lanes = []
+                for row in rows:
+                    low = quants(v, row, builder.mul(first, i64(block_bytes)))
+                    high = quants(v, row, builder.mul(v.offset(first, 1), i64(block_bytes))) if with_second else v.constant(0, BLOCK, 8)
+                    lanes.append(v.bitcast(v.join(low, high), 16, 32))
+                at = builder.mul(first, i64(QUADS * 64))
+                for m, vec in enumerate(_transpose16(v, lanes)[: 2 * QUADS if with_second else QUADS]):
+                    pointer = builder.gep(tile_data, [v.offset(at, 64 * m)])
+                    builder.store(vec, builder.bitcast(pointer, vec.type.as_pointer()), align=1)
+
+            with cgutils.for_range(builder, builder.udiv(n_blocks_, i64(2))) as loop:
+                block_pair(builder.mul(loop.index, i64(2)), True)
+            odd = builder.icmp_unsigned("!=", builder.urem(n_blocks_, i64(2)), i64(0))
+            with builder.if_then(odd):
+                block_pair(builder.sub(n_blocks_, i64(1)), False)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return unpack
+
+
+@exact_kernel
+def f16_columns(weights, r0, block_bytes, offset, out):
+    """out float32[nb, 16]: the float16 field at `offset` of block b of weight row r0 + i in out[b, i]."""
+    for b in range(out.shape[0]):
+        for i in range(TILE):
+            out[b, i] = read_f16(weights[r0 + i], b * block_bytes + offset)
+
+
+@exact_kernel
+def zero_starts(s, zero, out):
+    """out int32[T, nb]: lane 0's start of each block, -zero * (the activation's block sum)."""
+    for t in range(s.shape[0]):
+        for b in range(s.shape[1]):
+            out[t, b] = -zero * s[t, b]
+
+
+@exact_kernel
+def quad_starts(qs, out):
+    """out int32[T, K / 4]: lane j's start of each block for Q8_0's q + 128, -128 * (quad j's sum)."""
+    for t in range(qs.shape[0]):
+        for q in range(out.shape[1]):
+            total = np.int32(0)
+            for k in range(4):
+                total += np.int32(qs[t, 4 * q + k])
+            out[t, q] = -128 * total
+
+
+# ----- the products: ROWS activation rows against a tile over every block -----
+
+ZERO_POINT, MINIMUM, QUAD_OFFSET = "zero point", "minimum", "quad offset"  # how a type's lanes start
+
+
+def _rows_kernel(kind: str, n_rows: int):
+    """An intrinsic tile_rows(tile, scales, mins, aqs, ad, ints, out, r0, t): out[t + u, r0 : r0 + 16]
+    for u < n_rows, each lane vec_dot's value for its weight row. ints: the starts (ZERO_POINT:
+    int32[T, nb]; QUAD_OFFSET: int32[T, K / 4]) or, for MINIMUM, the activation's block sums
+    int32[T, nb] (mins float32[nb, 16] then holds the minima; otherwise unused)."""
+
+    @intrinsic
+    def tile_rows(typingctx, tile, scales, mins, aqs, ad, ints, out, r0, t):
+        sig = types.void(tile, scales, mins, aqs, ad, ints, out, r0, t)
+
+        def codegen(context, builder, signature, args):
+            tile_, scales_, mins_, aqs_, ad_, ints_, out_, r0_, t_ = args
+            st = signature.args
+            v = VectorCode(context, builder)
+            i64 = ir.IntType(64)
+
+            def block_vectors(b):
+                quads = [v.load(st[0], tile_, builder.mul(v.offset(builder.mul(b, i64(QUADS)), j), i64(64)), 64) for j in range(QUADS)]
+                d_vec = v.load(st[1], scales_, builder.mul(b, i64(16)), 16)
+                m_vec = v.load(st[2], mins_, builder.mul(b, i64(16)), 16) if kind == MINIMUM else None
+                return quads, d_vec, m_vec
+
+            n_blocks = cgutils.unpack_tuple(builder, context.make_array(st[1])(context, builder, scales_).shape)[0]
+            acts = [(st[3], aqs_), (st[4], ad_), (st[5], ints_)]
+            emit_rows(v, kind, n_rows, n_blocks, block_vectors, acts, (st[6], out_), r0_, t_)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile_rows
+
+
+def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, acts, out, r0, t):
+    """The products of activation rows t..t+n_rows-1 with a tile over every block, into out[t + u, r0 :
+    r0 + 16]. block_vectors(b) gives block b's (eight <64 x i8> quad vectors, <16 x float> scales,
+    <16 x float> minima or None); acts: (type, value) of aqs, ad and the ints of _rows_kernel; out:
+    (type, value). Each row keeps eight <16 x float> accumulators, one per lane of vec_dot's eight."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    f32x16 = ir.VectorType(ir.FloatType(), 16)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+    t = v.resize(t, 64)
+    act_rows = [[v.row_pointer(array_type, array, v.offset(t, u)) for array_type, array in acts] for u in range(n_rows)]
+    zeros = ir.Constant(f32x16, [0.0] * 16)
+    accs = [[cgutils.alloca_once_value(builder, zeros) for _ in range(QUADS)] for _ in range(n_rows)]
+    with cgutils.for_range(builder, v.resize(n_blocks, 64)) as loop:
+        b = loop.index
+        quads, d_vec, m_vec = block_vectors(b)
+        for u, (qs_row, ad_row, ints_row) in enumerate(act_rows):
+            ad_splat = v.splat(builder.load(builder.gep(ad_row, [b])), 16)
+            scale = builder.fmul(d_vec, ad_splat, flags=v.PINNED)
+            extra = None
+            if kind == MINIMUM:  # lane 0's m * ad * asum, as legacy.block_terms computes it
+                asum = builder.sitofp(builder.load(builder.gep(ints_row, [b])), ir.FloatType())
+                extra = builder.fmul(builder.fmul(m_vec, ad_splat, flags=v.PINNED), v.splat(asum, 16), flags=v.PINNED)
+            for j in range(QUADS):
+                start = _lane_start(v, kind, ints_row, b, j)
+                word = builder.load(builder.bitcast(builder.gep(qs_row, [v.offset(builder.mul(b, i64(BLOCK)), 4 * j)]), ir.IntType(32).as_pointer()), align=1)
+                ints = _dot_quads_512(v, start, quads[j], v.bitcast(v.splat(word, 16), 64, 8))
+                values = builder.sitofp(ints, f32x16)
+                acc = builder.load(accs[u][j])
+                if kind == MINIMUM:  # acc + fma(values, scale, [extra, 0, ...]): lane j's share
+                    step = builder.call(fma, [values, scale, extra if j == 0 else zeros])
+                    builder.store(builder.fadd(acc, step, flags=v.PINNED), accs[u][j])
+                else:
+                    builder.store(builder.call(fma, [values, scale, acc]), accs[u][j])
+    r0 = v.resize(r0, 64)
+    for u in range(n_rows):
+        total = _float_sum_lanes(v, [builder.load(pointer) for pointer in accs[u]])
+        out_row = v.row_pointer(out[0], out[1], v.offset(t, u))
+        builder.store(total, builder.bitcast(builder.gep(out_row, [r0]), f32x16.as_pointer()), align=4)
+
+
+def _lane_start(v: VectorCode, kind: str, ints_row, b, j: int):
+    """The int32 start of quad j's lane of block b (broadcast to 16 rows), or None for zero."""
+    builder = v.builder
+    if kind == ZERO_POINT and j == 0:
+        return v.splat(builder.load(builder.gep(ints_row, [b])), 16)
+    if kind == QUAD_OFFSET:
+        return v.splat(builder.load(builder.gep(ints_row, [v.offset(builder.mul(b, ir.Constant(b.type, QUADS)), j)])), 16)
+    return None
+
+
+def _float_sum_lanes(v: VectorCode, accs):
+    """FloatSums.float_sum's halving over eight accumulators (each a <16 x float>, one per lane of
+    vec_dot's eight): (a0 + a4, a1 + a5, a2 + a6, a3 + a7), then pairs 2 apart, then the last two."""
+    while len(accs) > 1:
+        half = len(accs) // 2
+        accs = [v.builder.fadd(accs[k], accs[k + half], flags=v.PINNED) for k in range(half)]
+    return accs[0]
+
+
+zero_rows_2, zero_rows_1 = _rows_kernel(ZERO_POINT, ROWS), _rows_kernel(ZERO_POINT, 1)
+min_rows_2, min_rows_1 = _rows_kernel(MINIMUM, ROWS), _rows_kernel(MINIMUM, 1)
+quad_rows_2, quad_rows_1 = _rows_kernel(QUAD_OFFSET, ROWS), _rows_kernel(QUAD_OFFSET, 1)
+
+unpack_q4_0 = _unpacker(18, _four_bit(2))
+unpack_q4_1 = _unpacker(20, _four_bit(4))
+unpack_q5_0 = _unpacker(22, _five_bit(2, 6))
+unpack_q5_1 = _unpacker(24, _five_bit(4, 8))
+unpack_q8_0 = _unpacker(34, _eight_bit_offset)
+
+
+def available() -> bool:
+    """Where these tiles are fast: the targets of q4_k_tiles (AVX-512 VNNI with BW)."""
+    from .q4_k_tiles import available as q4_k_tiles_available
+
+    return q4_k_tiles_available()
+
+
+# ----- the drivers, one per type (each calls its intrinsics itself: a driver compiled anew compiles them
+# anew, for the instruction set of that moment). Each: out[t, r] for the first N - N % 16 weight rows (16
+# at a time, in parallel), every value equal to the type's vec_dot(weights[r], qs[t], d[t], s[t]). -----
+
+
+@exact_kernel
+def tile_scratch(n_blocks):
+    """A tile's quants (uint8[8 * nb rounded up to even blocks, 64]), scales and minima (float32[nb, 16])."""
+    tile = np.empty((QUADS * (n_blocks + n_blocks % 2), 64), dtype=np.uint8)
+    return tile, np.empty((n_blocks, TILE), dtype=np.float32), np.empty((n_blocks, TILE), dtype=np.float32)
+
+
+@exact_kernel(parallel=True)
+def q4_0_tiles(weights, out, qs, d, s):
+    n_rows, n_blocks = d.shape
+    starts = np.empty((n_rows, n_blocks), dtype=np.int32)
+    zero_starts(s, 8, starts)
+    for tile_index in prange(weights.shape[0] // TILE):
+        tile, scales, mins = tile_scratch(n_blocks)
+        unpack_q4_0(weights, tile_index * TILE, n_blocks, tile)
+        f16_columns(weights, tile_index * TILE, 18, 0, scales)
+        for pair in range(n_rows // ROWS):
+            zero_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+        for t in range(n_rows - n_rows % ROWS, n_rows):
+            zero_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
+
+
+@exact_kernel(parallel=True)
+def q5_0_tiles(weights, out, qs, d, s):
+    n_rows, n_blocks = d.shape
+    starts = np.empty((n_rows, n_blocks), dtype=np.int32)
+    zero_starts(s, 16, starts)
+    for tile_index in prange(weights.shape[0] // TILE):
+        tile, scales, mins = tile_scratch(n_blocks)
+        unpack_q5_0(weights, tile_index * TILE, n_blocks, tile)
+        f16_columns(weights, tile_index * TILE, 22, 0, scales)
+        for pair in range(n_rows // ROWS):
+            zero_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+        for t in range(n_rows - n_rows % ROWS, n_rows):
+            zero_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
+
+
+@exact_kernel(parallel=True)
+def q4_1_tiles(weights, out, qs, d, s):
+    n_rows, n_blocks = d.shape
+    for tile_index in prange(weights.shape[0] // TILE):
+        tile, scales, mins = tile_scratch(n_blocks)
+        unpack_q4_1(weights, tile_index * TILE, n_blocks, tile)
+        f16_columns(weights, tile_index * TILE, 20, 0, scales)
+        f16_columns(weights, tile_index * TILE, 20, 2, mins)
+        for pair in range(n_rows // ROWS):
+            min_rows_2(tile, scales, mins, qs, d, s, out, tile_index * TILE, pair * ROWS)
+        for t in range(n_rows - n_rows % ROWS, n_rows):
+            min_rows_1(tile, scales, mins, qs, d, s, out, tile_index * TILE, t)
+
+
+@exact_kernel(parallel=True)
+def q5_1_tiles(weights, out, qs, d, s):
+    n_rows, n_blocks = d.shape
+    for tile_index in prange(weights.shape[0] // TILE):
+        tile, scales, mins = tile_scratch(n_blocks)
+        unpack_q5_1(weights, tile_index * TILE, n_blocks, tile)
+        f16_columns(weights, tile_index * TILE, 24, 0, scales)
+        f16_columns(weights, tile_index * TILE, 24, 2, mins)
+        for pair in range(n_rows // ROWS):
+            min_rows_2(tile, scales, mins, qs, d, s, out, tile_index * TILE, pair * ROWS)
+        for t in range(n_rows - n_rows % ROWS, n_rows):
+            min_rows_1(tile, scales, mins, qs, d, s, out, tile_index * TILE, t)
+
+
+@exact_kernel(parallel=True)
+def q8_0_tiles(weights, out, qs, d, s):
+    n_rows, n_blocks = d.shape
+    starts = np.empty((n_rows, n_blocks * QUADS), dtype=np.int32)
+    quad_starts(qs, starts)
+    for tile_index in prange(weights.shape[0] // TILE):
+        tile, scales, mins = tile_scratch(n_blocks)
+        unpack_q8_0(weights, tile_index * TILE, n_blocks, tile)
+        f16_columns(weights, tile_index * TILE, 34, 0, scales)
+        for pair in range(n_rows // ROWS):
+            quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+        for t in range(n_rows - n_rows % ROWS, n_rows):
+            quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)

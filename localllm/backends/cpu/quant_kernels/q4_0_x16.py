@@ -1,0 +1,127 @@
+"""Q4_0 weights re-laid 16 rows at a time, for products with the weight rows as vector lanes at any
+number of activation rows (decode included), on AVX-512 VNNI targets (as q4_k_x16 does for Q4_K).
+
+legacy_tiles transposes 16 rows per product, which pays back only over many activation rows; here the
+transpose is done once, when a weight is first multiplied (matmul.PackedWeights), into records of 288
+bytes, one per tile of 16 rows and block b, the same bytes as the rows' blocks:
+  bytes 0..31                 the 16 rows' float16 scales d (row i at 2i)
+  bytes 32 + 64c + 4i + k     row i's quant byte 4c + k (c < 4, k < 4)
+so one 64-byte load holds four quant bytes of each of 16 rows: its low nibbles are quad c of every row
+(elements 4c..4c+3), its high nibbles quad c + 4 (elements 16 + 4c..), the operands of legacy_tiles'
+vpdpbusd against broadcast activation quads. The float steps are legacy_tiles.emit_rows' (vec_dot's
+eight lanes, kept as eight <16 x float> accumulators), so every output equals q4_0.vec_dot's bit for
+bit at every number of activation rows.
+
+Measured (Zen 5 shared with other jobs, one thread, Gemma 3 270M's seven layer matrices, best of 15-31
+alternating passes, a session script): one row in cache 45 us against the grid kernel's 106; from
+memory (18 layers' matrices, 56 MB) 1.07x the grid kernel's speed (1.04x on two threads); T = 2 / 16
+/ 64 / 256 rows 0.07 / 0.56 / 1.83 / 14.0 ms against the pair kernels' 0.14 / 0.69 / 2.66 / 24.5 and
+legacy_tiles' 0.39 / 0.95 / 2.17 / 15.5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.extending import intrinsic
+
+from ....jit import exact_kernel
+from .legacy_tiles import QUADS, ROWS, TILE, ZERO_POINT, emit_rows, zero_starts
+from .vector import VectorCode
+
+BLOCK_BYTES = 18  # a Q4_0 block: float16 d, 16 bytes of nibbles
+RECORD_BYTES = TILE * BLOCK_BYTES  # 288
+QUANTS_AT = 2 * TILE  # the record's first quant byte
+ZERO = 8  # Q4_0's weights are d * (q - 8)
+
+
+@exact_kernel(parallel=True)
+def interleave(weights, packed):
+    """weights uint8[N, nb * 18] -> packed uint8[N // 16 * nb, 288]: record tile * nb + b as above."""
+    n_blocks = weights.shape[1] // BLOCK_BYTES
+    for tile in prange(packed.shape[0] // max(n_blocks, 1)):
+        for b in range(n_blocks):
+            record = packed[tile * n_blocks + b]
+            for i in range(TILE):
+                row = weights[tile * TILE + i]
+                at = b * BLOCK_BYTES
+                record[2 * i] = row[at]
+                record[2 * i + 1] = row[at + 1]
+                for c in range(4):
+                    for k in range(4):
+                        record[QUANTS_AT + 64 * c + 4 * i + k] = row[at + 2 + 4 * c + k]
+
+
+def pack(weights: np.ndarray) -> np.ndarray:
+    """uint8[N, nb * 18] Q4_0 rows -> the records of their first N - N % 16 rows (interleave)."""
+    n_tiles = weights.shape[0] // TILE
+    n_blocks = weights.shape[1] // BLOCK_BYTES
+    packed = np.empty((n_tiles * n_blocks, RECORD_BYTES), dtype=np.uint8)
+    interleave(np.ascontiguousarray(weights[: n_tiles * TILE]), packed)
+    return packed
+
+
+def _record_vectors(v: VectorCode, record):
+    """A record's eight quad vectors (<64 x i8>, quad j of the 16 rows) and scales (<16 x float>)."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    quads = [None] * QUADS
+    for c in range(4):
+        packed = v.load(None, record, i64(QUANTS_AT + 64 * c), 64)
+        quads[c] = v.and_(packed, 0x0F)
+        quads[c + 4] = v.shr(packed, 4)
+    halves = builder.bitcast(v.load(None, record, i64(0), 2 * TILE), ir.VectorType(ir.HalfType(), TILE))
+    return quads, builder.fpext(halves, ir.VectorType(ir.FloatType(), TILE))
+
+
+def _record_pointer(v: VectorCode, packed_type, packed, n_blocks, tile, b):
+    builder = v.builder
+    return v.row_pointer(packed_type, packed, builder.add(builder.mul(v.resize(tile, 64), v.resize(n_blocks, 64)), b))
+
+
+def _record_rows(n_rows: int):
+    @intrinsic
+    def record_rows(typingctx, packed, n_blocks, tile, aqs, ad, starts, out, t):
+        """out[t + u, 16 * tile : 16 * tile + 16] for u < n_rows straight from the tile's records."""
+        sig = types.void(packed, n_blocks, tile, aqs, ad, starts, out, t)
+
+        def codegen(context, builder, signature, args):
+            packed_, n_blocks_, tile_, aqs_, ad_, starts_, out_, t_ = args
+            st = signature.args
+            v = VectorCode(context, builder)
+
+            def block_vectors(b):
+                quads, d_vec = _record_vectors(v, _record_pointer(v, st[0], packed_, n_blocks_, tile_, b))
+                return quads, d_vec, None
+
+            r0 = builder.mul(v.resize(tile_, 64), ir.IntType(64)(TILE))
+            acts = [(st[3], aqs_), (st[4], ad_), (st[5], starts_)]
+            emit_rows(v, ZERO_POINT, n_rows, n_blocks_, block_vectors, acts, (st[6], out_), r0, t_)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return record_rows
+
+
+record_rows_2, record_rows_1 = _record_rows(ROWS), _record_rows(1)
+
+
+@exact_kernel(parallel=True)
+def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
+    """out[t, r] for r < 16 * n_tiles (the packed rows), every value equal to q4_0.vec_dot(row r,
+    qs[t], d[t], s[t]). The tiles are split in n_parts contiguous runs (the caller's thread count),
+    every tile taken straight from its records by ROWS activation rows at a time. (Through
+    legacy_tiles' scratch instead, unpacked once per tile: no faster at any T measured, 8 to 64.)"""
+    n_rows = qs.shape[0]
+    n_tiles = packed.shape[0] // n_blocks
+    starts = np.empty((n_rows, n_blocks), dtype=np.int32)
+    zero_starts(s, ZERO, starts)
+    n_parts = max(1, min(n_parts, n_tiles))
+    for part in prange(n_parts):
+        for tile in range(part * n_tiles // n_parts, (part + 1) * n_tiles // n_parts):
+            for pair in range(n_rows // ROWS):
+                record_rows_2(packed, n_blocks, tile, qs, d, starts, out, pair * ROWS)
+            for t in range(n_rows - n_rows % ROWS, n_rows):
+                record_rows_1(packed, n_blocks, tile, qs, d, starts, out, t)
