@@ -246,7 +246,8 @@ def _iq4_nl() -> KernelRecord:
     from . import iq4_nl, iq4_tiles
 
     tiles = TileKernel(iq4_tiles.matvec_tiles_nl, iq4_tiles.MIN_ROWS)
-    return KernelRecord(quant.get("IQ4_NL"), iq4_nl.vec_dot, iq4_nl.dequantize_row, tiles=tiles)
+    grid = GridKernels(iq4_nl.dot_4x1, iq4_nl.dot_1x4)
+    return KernelRecord(quant.get("IQ4_NL"), iq4_nl.vec_dot, iq4_nl.dequantize_row, grid=grid, tiles=tiles)
 
 
 def _iq4_xs() -> KernelRecord:

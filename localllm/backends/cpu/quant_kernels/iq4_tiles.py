@@ -17,6 +17,10 @@ group: <KVALUES, a> = <U, a> - 128 * (sum of a), exactly.
 
 Each lane computes what vec_dot computes for its row, so every output equals the one-row kernel's bit
 for bit.
+
+Measured (2026-11-25, Zen 4, one thread, Gemma 3 270M's shapes at T = 256, best of 7 on a loaded
+machine): IQ4_XS 1024 -> 640 / 2048 -> 640 in 0.64-0.76 / 1.48-1.61 ms (Q4_K's tiles 0.71 / 1.33),
+IQ4_NL 350-390 GOP/s on every shape; dequantize + BLAS 2.3-6x slower.
 """
 
 from __future__ import annotations
