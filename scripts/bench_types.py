@@ -5,6 +5,7 @@ llama-quantize's type names, then `llama-bench` and `localllm bench` on each fil
     python scripts/bench_types.py --llama-bench PATH                       # Gemma 3 270M, every type
     python scripts/bench_types.py --llama-bench PATH --types Q4_0,Q2_K --rounds 3
     python scripts/bench_types.py --llama-bench PATH --model 8b -p 128 -n 32   # Q4_0, Q8_0, Q3_K_M
+    python scripts/bench_types.py --llama-bench PATH --model 8b --prepare       # only make the files
 
 The model files (made once in --workdir, reused on later runs):
 - gemma (default): the shipped Gemma 3 270M Q4_K_M requantized to F32 (`localllm quantize --type F32
@@ -120,6 +121,7 @@ def main() -> None:
     parser.add_argument("-p", "--n-prompt", type=int, default=256)
     parser.add_argument("-n", "--n-gen", type=int, default=64)
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--prepare", action="store_true", help="make the model files, measure nothing")
     args = parser.parse_args()
     types = args.types.split(",") if args.types else list(GEMMA_TYPES if args.model == "gemma" else EIGHT_B_TYPES)
     args.workdir.mkdir(parents=True, exist_ok=True)
@@ -127,6 +129,8 @@ def main() -> None:
 
     source = source_file(args.model, args.workdir)
     files = {qtype: typed_file(args.model, source, qtype, args.workdir) for qtype in types}
+    if args.prepare:
+        return
     tests = (f"pp{args.n_prompt}", f"tg{args.n_gen}")
     rounds: dict[str, list] = {qtype: [] for qtype in types}
     for rnd in range(args.rounds):
