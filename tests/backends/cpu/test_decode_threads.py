@@ -130,16 +130,24 @@ def _blas_threads() -> int:
     return min(info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas")
 
 
-@pytest.mark.parametrize("qtype,blas_threads", [("Q8_0", 1), ("F16", 2)])
-def test_blas_keeps_its_threads_only_for_models_whose_products_use_it(tmp_path, qtype, blas_threads):
+@pytest.mark.parametrize("qtype,tiles", [("Q8_0", True), ("F16", False), ("F16", True)])
+def test_blas_keeps_its_threads_only_for_models_whose_products_use_it(tmp_path, monkeypatch, qtype, tiles):
     """With every matrix on the integer kernels, BLAS serves prefill attention only, on one thread
-    (its idle workers slowed the two-thread integer products); float weights multiply through BLAS."""
+    (its idle workers slowed the two-thread integer products); float weights multiply through BLAS where
+    their grid kernel is not used (tiles False: as on a target without AVX-512 VNNI), through the grid
+    where it is (then on one BLAS thread too)."""
     import localllm
     from tiny_models import write_tiny_model
 
+    from localllm.backends.cpu import matmul
+    from localllm.backends.cpu.quant_kernels.q4_k_tiles import available
+
+    if not tiles:
+        monkeypatch.setattr(matmul, "_tiles_available", lambda: False)
+    products_use_blas = qtype == "F16" and not (tiles and available())
     model = localllm.load(write_tiny_model(tmp_path / f"{qtype}.gguf", "llama", qtype), n_ctx=64, threads=2)
     model.logits(list(range(2, 42)))  # a prefill through BLAS attention (40 rows)
-    assert _blas_threads() == blas_threads
+    assert _blas_threads() == (2 if products_use_blas else 1)
 
 
 def test_a_one_thread_try_of_a_large_step_is_cut_short_on_a_quiet_machine(clock):
