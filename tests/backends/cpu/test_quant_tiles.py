@@ -1,5 +1,5 @@
-"""The tile kernels (backends/cpu/quant_kernels/q4_k_tiles.py, q6_k_tiles.py: weight rows as vector lanes, prefill) against the
-one-row vec_dot, bit for bit: tiles of 16 rows with the last N % 16 rows left to the row kernels (through
+"""The K-quant tile kernels (backends/cpu/quant_kernels/q2_k_tiles.py, q3_k_tiles.py, q4_k_tiles.py,
+q5_k_tiles.py, q6_k_tiles.py: weight rows as vector lanes, prefill) against the one-row vec_dot, bit for bit: tiles of 16 rows with the last N % 16 rows left to the row kernels (through
 matmul_rows), batches across the kernel's steps (four activation rows at a time, then one; chunks of CHUNK = 256),
 extreme activations and weights, and every VectorCode instruction-set path (uncached copies compiled
 under each VECTOR_ISA, as in test_quant_isa.py)."""
@@ -17,9 +17,9 @@ from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
-from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, q4_k_tiles, q6_k_tiles, vector
+from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, q2_k_tiles, q3_k_tiles, q4_k_tiles, q5_k_tiles, q6_k_tiles, vector
 
-MODULES = {"Q4_K": q4_k_tiles, "Q6_K": q6_k_tiles}
+MODULES = {"Q2_K": q2_k_tiles, "Q3_K": q3_k_tiles, "Q4_K": q4_k_tiles, "Q5_K": q5_k_tiles, "Q6_K": q6_k_tiles}
 TYPES = sorted(MODULES)
 
 
@@ -51,7 +51,8 @@ def test_matmul_rows_takes_tiles_and_the_rest_by_rows(name, n_weights):
     rng = np.random.default_rng(n_weights)
     k = 1024
     raw = _weights(name, rng, n_weights, k)
-    for n_rows in (q4_k_tiles.MIN_ROWS - 1, q4_k_tiles.MIN_ROWS, 37):
+    min_rows = kernel_record(name).tiles.min_rows
+    for n_rows in (min_rows - 1, min_rows, 37):
         x = _activations(rng, n_rows, k, 1.0)
         batch = BatchActivation(QT.act, n_rows, k).quantize(x)
         out = np.full((n_rows, n_weights), np.nan, dtype=np.float32)
@@ -72,12 +73,13 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
     QT = quant.get(name)
     rng = np.random.default_rng(5)
     raw = _weights(name, rng, 32, 512)
-    for n_rows in (q4_k_tiles.MIN_ROWS - 1, q4_k_tiles.MIN_ROWS):
+    min_rows = kernel_record(name).tiles.min_rows
+    for n_rows in (min_rows - 1, min_rows):
         x = _activations(rng, n_rows, 512, 1.0)
         out = np.empty((n_rows, 32), dtype=np.float32)
         matmul_rows(QT, raw, x, out, MatmulScratch())
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 512).quantize(x))))
-    assert calls == ([q4_k_tiles.MIN_ROWS] if q4_k_tiles.available() else [])
+    assert calls == ([min_rows] if q4_k_tiles.available() else [])
 
 
 @pytest.mark.parametrize("name", TYPES)
