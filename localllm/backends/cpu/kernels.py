@@ -184,7 +184,7 @@ def _silu(g):
     _exp_nonpositive: 1 / (1 + e) for g >= 0, e / (1 + e) below. np.exp here was a scalar libm call per
     element: 90 us per 14,336-wide row (a Llama-3-8B FFN), 3% of its decode step."""
     e = _exp_nonpositive(-abs(g))
-    return g * ((np.float32(1.0) if g >= np.float32(0.0) else e) / (np.float32(1.0) + e))
+    return g * _divide(np.float32(1.0) if g >= np.float32(0.0) else e, np.float32(1.0) + e)
 
 
 # Each activation has an out-of-place and an in-place row function. The decoder writes the result over
@@ -276,6 +276,38 @@ def _exp_nonpositive(x):
     return p * u32_as_f32(np.uint32(np.int32(n) + np.int32(127)) << np.uint32(23))
 
 
+# The same bits on every CPU: in a fast-math kernel LLVM turns a vector division into an approximate
+# reciprocal (vrcpps, whose bits differ between Intel and AMD) refined by one Newton step, and sums a loop
+# with as many partial sums as the CPU's tuning prefers (its vector width and interleaving). Both gave
+# other bits on an Intel machine than on the AMD ones where tests/data/golden was recorded. These two are
+# compiled without fast-math (kept as written when inlined, as _exp_nonpositive is).
+@cached_kernel(nogil=True, fastmath=False, error_model="numpy")
+def _divide(a, b):
+    """a / b, correctly rounded."""
+    return a / b
+
+
+@cached_kernel(nogil=True, fastmath=False, error_model="numpy")
+def _sum_by_eights(x):
+    """The sum of x (float32[n]) in one fixed order: element j into partial sum j % 8 (eight independent
+    chains, which LLVM packs into one vector add), the eight summed by halving, then the last n % 8."""
+    n8 = x.shape[0] - x.shape[0] % 8
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = np.float32(0.0)
+    for j in range(0, n8, 8):
+        a0 += x[j]
+        a1 += x[j + 1]
+        a2 += x[j + 2]
+        a3 += x[j + 3]
+        a4 += x[j + 4]
+        a5 += x[j + 5]
+        a6 += x[j + 6]
+        a7 += x[j + 7]
+    total = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+    for j in range(n8, x.shape[0]):
+        total += x[j]
+    return total
+
+
 @fast_kernel
 def masked_softmax_rows(scores, first_pos, group, key0, scale, window):
     """Softmax, in place, of a block of raw scores (q . k) for prefill attention through BLAS.
@@ -305,12 +337,9 @@ def masked_softmax_rows(scores, first_pos, group, key0, scale, window):
         for j in range(1, seen.shape[0]):
             best = max(best, seen[j])
         best *= scale
-        total = np.float32(0.0)
         for j in range(seen.shape[0]):
-            e = _exp_nonpositive(seen[j] * scale - best)
-            seen[j] = e
-            total += e
-        inv = np.float32(1.0) / total
+            seen[j] = _exp_nonpositive(seen[j] * scale - best)
+        inv = _divide(np.float32(1.0), _sum_by_eights(seen))
         for j in range(seen.shape[0]):
             seen[j] *= inv
 
