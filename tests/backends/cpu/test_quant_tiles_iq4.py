@@ -1,9 +1,8 @@
-"""The IQ4_XS and IQ4_NL tile kernels (backends/cpu/quant_kernels/iq4_tiles.py: weight rows as vector lanes,
-prefill) against the one-row vec_dot, bit for bit, as test_quant_tiles.py checks Q4_K's and Q6_K's: batches across
-the kernel's steps (four activation rows at a time, then one; chunks of CHUNK = 256), row lengths across IQ4_NL's
-block groups (8 blocks at once, then 4, then 1: 7, 9, 20 blocks...), extreme activations and weights, the last
+"""The IQ4_XS tile kernel (backends/cpu/quant_kernels/iq4_tiles.py: weight rows as vector lanes, prefill) against
+the one-row vec_dot, bit for bit, as test_quant_tiles.py checks the K-quants': batches across the kernel's steps
+(four activation rows at a time, then one; chunks of CHUNK = 256), extreme activations and weights, the last
 N % 16 rows left to the row kernels (through matmul_rows), and every VectorCode instruction-set path (uncached
-copies compiled under each VECTOR_ISA)."""
+copies compiled under each VECTOR_ISA). IQ4_NL's tiles are legacy_tiles' (test_quant_tiles_legacy.py)."""
 
 from __future__ import annotations
 
@@ -20,11 +19,9 @@ from localllm import quant
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
 from localllm.backends.cpu.quant_kernels import TileKernel, iq4_tiles, kernel_record, q4_k_tiles, vector
 
-KERNELS = {"IQ4_XS": iq4_tiles.matvec_tiles_xs, "IQ4_NL": iq4_tiles.matvec_tiles_nl}
+KERNELS = {"IQ4_XS": iq4_tiles.matvec_tiles_xs}
 TYPES = sorted(KERNELS)
-# Row lengths: IQ4_XS whole super-blocks; IQ4_NL 7 blocks (4 + 1 + 1 + 1), 9 (8 + 1), 20 (Gemma 3's 640:
-# 8 + 8 + 4), 64, 144.
-LENGTHS = {"IQ4_XS": [256, 2048, 4608], "IQ4_NL": [224, 288, 640, 2048, 4608]}
+LENGTHS = {"IQ4_XS": [256, 2048, 4608]}  # whole super-blocks
 
 
 def _weights(name, rng, n_rows, k):
@@ -60,7 +57,7 @@ def test_tiles_equal_vec_dot_on_extreme_weights_and_activations(name, scale):
     rng = np.random.default_rng(3)
     k = 1024
     raw = _weights(name, rng, 16, k)
-    first_index_byte = 8 if name == "IQ4_XS" else 2
+    first_index_byte = 8  # after d and the scales
     blocks = raw.reshape(16, -1, QT.type_size)  # a view: the fills below go into raw
     for i, fill in ((13, 0x00), (14, 0xFF), (15, 0x0F)):
         blocks[i, :, first_index_byte:] = fill
@@ -113,7 +110,7 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
 def test_tiles_equal_vec_dot_on_every_isa(name):
     QT = quant.get(name)
     rng = np.random.default_rng(41)
-    k = 640 if name == "IQ4_NL" else 512  # IQ4_NL: whole groups of 8 blocks and a group of 4
+    k = 512
     raw = _weights(name, rng, 21, k)
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (5, 16, 66)]
     expected = [_expected(QT, raw, batch) for batch in batches]

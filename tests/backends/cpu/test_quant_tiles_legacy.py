@@ -1,4 +1,4 @@
-"""The tile kernels of the 32-element block types (backends/cpu/quant_kernels/legacy_tiles.py: 16 weight
+"""The tile kernels of the 32-element block types, IQ4_NL's too (backends/cpu/quant_kernels/legacy_tiles.py: 16 weight
 rows as vector lanes, prefill) against the one-row vec_dot, bit for bit: vec_dot keeps eight float lanes
 across blocks, the tiles eight accumulators of 16 rows, so every row count, block count (odd ones: the
 last block unpacked alone), batch size (two activation rows at a time, then one), extreme weights and
@@ -27,6 +27,7 @@ KERNELS = {
     "Q5_0": legacy_tiles.q5_0_tiles,
     "Q5_1": legacy_tiles.q5_1_tiles,
     "Q8_0": legacy_tiles.q8_0_tiles,
+    "IQ4_NL": legacy_tiles.iq4_nl_tiles,
 }
 TYPES = sorted(KERNELS)
 

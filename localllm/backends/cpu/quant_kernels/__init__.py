@@ -243,11 +243,12 @@ def _q8_k() -> KernelRecord:
 
 
 def _iq4_nl() -> KernelRecord:
-    from . import iq4_nl, iq4_tiles
+    from . import iq4_nl as k
+    from . import legacy_tiles
 
-    tiles = TileKernel(iq4_tiles.matvec_tiles_nl, iq4_tiles.MIN_ROWS)
-    grid = GridKernels(iq4_nl.dot_4x1, iq4_nl.dot_1x4)
-    return KernelRecord(quant.get("IQ4_NL"), iq4_nl.vec_dot, iq4_nl.dequantize_row, grid=grid, tiles=tiles)
+    pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
+    tiles = TileKernel(legacy_tiles.iq4_nl_tiles, legacy_tiles.MIN_ROWS["IQ4_NL"])
+    return KernelRecord(quant.get("IQ4_NL"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles)
 
 
 def _iq4_xs() -> KernelRecord:

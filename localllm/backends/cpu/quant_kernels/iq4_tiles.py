@@ -1,6 +1,7 @@
-"""IQ4_XS and IQ4_NL batched products with the weight rows as vector lanes (prefill): q4_k_tiles' scheme.
+"""IQ4_XS batched products with the weight rows as vector lanes (prefill): q4_k_tiles' scheme. (IQ4_NL,
+a 32-element block type, has legacy_tiles' kernels.)
 
-Both types store 4-bit indices into the signed table KVALUES (-127..113). vpdpbusd multiplies unsigned
+IQ4_XS stores 4-bit indices into the signed table KVALUES (-127..113). vpdpbusd multiplies unsigned
 by signed bytes, so a tile of 16 weight rows is unpacked into the transposed scratch as the unsigned
 bytes U = KVALUES[index] + 128 (1..241; row i's value at position p in tile[p // 4, 4 * i + p % 4], one
 64-byte table look-up per row and 64 positions), and the offset comes back in integers per 32-element
@@ -10,17 +11,13 @@ group: <KVALUES, a> = <U, a> - 128 * (sum of a), exactly.
   int32 total sum_k scale_k * (<U, a_k> - 128 * asum32_k), the offsets through vpdpwssd on int16 pairs
   of scales and of the activation's 32-element sums, then iq4_xs.vec_dot's float step on 16 lanes,
   fma(ad * d, total, acc).
-- IQ4_NL (q8_0 activation; a float16 scale per 32-element block): per block the integer
-  <U, a> - 128 * s[t, b] (the products start from -128 * s[t, b]), then iq4_nl.vec_dot's float step, fma(total, d * ad, acc), block by block.
-  Blocks are unpacked 8 at a time (256 positions, the scratch's size); a row length that is not a
-  multiple of 256 (Gemma 3's 640) leaves up to 7 blocks, taken four at once, then one at a time.
 
 Each lane computes what vec_dot computes for its row, so every output equals the one-row kernel's bit
 for bit.
 
 Measured (2026-11-25, Zen 4, one thread, Gemma 3 270M's shapes at T = 256, best of 7 on a loaded
 machine): IQ4_XS 1024 -> 640 / 2048 -> 640 in 0.64-0.76 / 1.48-1.61 ms (Q4_K's tiles 0.71 / 1.33),
-IQ4_NL 350-390 GOP/s on every shape; dequantize + BLAS 2.3-6x slower.
+dequantize + BLAS 2.3-6x slower.
 """
 
 from __future__ import annotations
@@ -28,7 +25,6 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import prange, types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel, read_f16
@@ -36,22 +32,21 @@ from ....quant import iq4_nl as nl_format
 from ....quant import iq4_xs as xs_format
 from .iq4_xs import emit_scales
 from .q4_k_tiles import (
-    CHUNK, ROWS, TILE, _dot_quads_512, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums,
+    CHUNK, ROWS, TILE, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums,
     sub_block_sum_pairs,
 )
 from .vector import VectorCode
 
-__all__ = ["MIN_ROWS", "matvec_tiles_nl", "matvec_tiles_xs"]
+__all__ = ["MIN_ROWS", "matvec_tiles_xs"]
 
 # Fewer activation rows: vec_dot per (weight row, activation row) (these types have no row kernels).
-# From two rows the tiles are ahead: 1.5x at T = 2, 3x at 4, 6-7x at 16 (one thread, 640 x 2048 IQ4_NL
-# and 2048 x 640 IQ4_XS); a single row goes through the decode matvec.
+# From two rows the tiles are ahead: 1.5x at T = 2, 3x at 4, 6-7x at 16 (one thread, 2048 x 640 IQ4_XS);
+# a single row goes through the decode matvec.
 MIN_ROWS = 2
 OFFSET = 128  # added to every table value so that it is an unsigned byte
 # KVALUES + 128 as the int8 bit patterns of unsigned bytes 1..241 (what a byte look-up table holds)
 UNSIGNED_TABLE = [int(value) for value in (nl_format.KVALUES.astype(np.int32) + OFFSET).astype(np.uint8).view(np.int8)]
 N_SUB = xs_format.N_SUB  # IQ4_XS: 32-element groups per super-block
-NL_GROUP = 8  # IQ4_NL: blocks unpacked at once (8 x 32 positions: the whole scratch)
 # elements in order from join(low nibbles, high nibbles) of 32 packed bytes (two 16-byte runs, each a
 # 32-element group whose elements 0..15 are the low nibbles and 16..31 the high ones)
 _GROUP_ORDER = list(range(0, 16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
@@ -191,156 +186,6 @@ def matvec_tiles_xs(weights, out, qs, d, s):
                     t += ROWS
                 while t < t1:
                     tile_dots_xs_1(tile, scales, scale_pairs, dd, qs, d, pairs, acc, t, t - t0, b)
-                    t += 1
-            for t in range(t0, t1):
-                for i in range(TILE):
-                    out[t, r0 + i] = acc[t - t0, i]
-
-
-# ----- IQ4_NL -----
-
-
-def _unpack_nl(n_blocks: int):
-    @intrinsic
-    def unpack(typingctx, weights, r0, j, tile, chunk):
-        """Blocks j..j+n_blocks-1 (n_blocks 1 or 2) of weight rows r0..r0+15 into tile chunk `chunk`
-        (tile uint8[64, 64], positions 64 * chunk + 32 * m + l of block j + m); with one block the
-        chunk's second half is filler that no product reads."""
-        sig = types.void(weights, r0, j, tile, chunk)
-
-        def codegen(context, builder, signature, args):
-            weights_, r0_, j_, tile_, chunk_ = args
-            wt, tt = signature.args[0], signature.args[3]
-            v = VectorCode(context, builder)
-            i64 = ir.IntType(64)
-            r0_ = v.resize(r0_, 64)
-            first = builder.add(builder.mul(v.resize(j_, 64), i64(nl_format.BLOCK_BYTES)), i64(2))  # the indices of block j
-            rows = []
-            for i in range(TILE):
-                row = v.row_pointer(wt, weights_, builder.add(r0_, i64(i)))
-                runs = [v.load(None, row, v.offset(first, nl_format.BLOCK_BYTES * m), 16) for m in range(n_blocks)]
-                packed = v.join(runs[0], runs[1] if n_blocks == 2 else v.constant(0, 16, 8))
-                rows.append(unsigned_values(v, packed))
-            store_transposed(v, tt, tile_, v.resize(chunk_, 64), rows)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return unpack
-
-
-unpack_nl_pair = _unpack_nl(2)
-unpack_nl_single = _unpack_nl(1)
-
-
-def _tile_dots_nl(rows: int, n_blocks: int):
-    @intrinsic
-    def tile_dots(typingctx, tile, dd, aqs, ad, offsets, acc, t, a, j, m0):
-        """For activation rows t..t+rows-1: acc[a + u] (16 floats: the tile's rows) takes the steps of
-        blocks j..j+n_blocks-1 in order, as iq4_nl.vec_dot does for each row; the blocks' values are
-        at tile blocks m0.. (tile quads 8 * m0 ...), their weight scales in dd float32[8, 16] rows m0..;
-        offsets int32[T, nb]: -128 times the activation's block sums (block_offsets)."""
-        sig = types.void(tile, dd, aqs, ad, offsets, acc, t, a, j, m0)
-
-        def codegen(context, builder, signature, args):
-            tile_, dd_, aqs_, ad_, offsets_, acc_, t_, a_, j_, m0_ = args
-            tt, dt, qt, adt, st, acct = signature.args[:6]
-            v = VectorCode(context, builder)
-            i32, i64 = ir.IntType(32), ir.IntType(64)
-            f32x16 = ir.VectorType(ir.FloatType(), 16)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
-            t_, a_, j_, m0_ = (v.resize(x, 64) for x in (t_, a_, j_, m0_))
-            act_rows = [v.row_pointer(qt, aqs_, builder.add(t_, i64(u))) for u in range(rows)]
-            scale_rows = [v.row_pointer(adt, ad_, builder.add(t_, i64(u))) for u in range(rows)]
-            offset_rows = [v.row_pointer(st, offsets_, builder.add(t_, i64(u))) for u in range(rows)]
-            acc_pointers = [builder.bitcast(v.row_pointer(acct, acc_, builder.add(a_, i64(u))), f32x16.as_pointer()) for u in range(rows)]
-            sums_acc = [builder.load(pointer, align=4) for pointer in acc_pointers]
-            for m in range(n_blocks):
-                block = builder.add(j_, i64(m))
-                tile_block = builder.add(m0_, i64(m))
-                first_act = builder.mul(block, i64(nl_format.BLOCK))
-                # each sum starts at -128 * sum(a): <KVALUES, a> = <U, a> - 128 * sum(a)
-                dots = [v.splat(builder.load(builder.gep(offset_rows[u], [block])), 16) for u in range(rows)]
-                for q in range(nl_format.BLOCK // 4):
-                    quads = v.load(tt, tile_, builder.mul(builder.add(builder.mul(tile_block, i64(8)), i64(q)), i64(64)), 64)
-                    for u in range(rows):
-                        pointer = builder.gep(act_rows[u], [builder.add(first_act, i64(4 * q))])
-                        word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
-                        dots[u] = _dot_quads_512(v, dots[u], quads, v.bitcast(v.splat(word, 16), 64, 8))
-                d_vec = v.load(dt, dd_, builder.mul(tile_block, i64(TILE)), 16)
-                for u in range(rows):
-                    # vec_dot's float step, lane by lane: d * ad rounded, then one fma
-                    scale = builder.fmul(d_vec, v.splat(builder.load(builder.gep(scale_rows[u], [block])), 16), flags=("arcp",))
-                    sums_acc[u] = builder.call(fma, [builder.sitofp(dots[u], f32x16), scale, sums_acc[u]])
-            for pointer, value in zip(acc_pointers, sums_acc):
-                builder.store(value, pointer, align=4)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return tile_dots
-
-
-tile_dots_nl_4x8 = _tile_dots_nl(ROWS, NL_GROUP)
-tile_dots_nl_1x8 = _tile_dots_nl(1, NL_GROUP)
-tile_dots_nl_4x4 = _tile_dots_nl(ROWS, 4)
-tile_dots_nl_1x4 = _tile_dots_nl(1, 4)
-tile_dots_nl_4x1 = _tile_dots_nl(ROWS, 1)
-tile_dots_nl_1x1 = _tile_dots_nl(1, 1)
-
-
-@exact_kernel
-def block_offsets(asum, out):
-    """out int32[T, nb] = -128 * asum (the q8_0 activation's block sums, |sum| <= 32 * 127)."""
-    for t in range(asum.shape[0]):
-        for b in range(asum.shape[1]):
-            out[t, b] = -OFFSET * asum[t, b]
-
-
-@exact_kernel(parallel=True)
-def matvec_tiles_nl(weights, out, qs, d, s):
-    """q4_k_tiles.matvec_tiles for IQ4_NL: out[t, r] for the first N - N % 16 weight rows, each equal to
-    iq4_nl.vec_dot(weights[r], qs[t], d[t], s[t]); the caller computes the rest. Blocks 8 at a time
-    (block j + m at tile block m, its scales in dd[m]); the last n_blocks % 8 four at once, then one by one."""
-    n_rows = qs.shape[0]
-    n_blocks = d.shape[1]
-    offsets = np.empty((n_rows, n_blocks), dtype=np.int32)
-    block_offsets(s, offsets)
-    for tile_index in prange(weights.shape[0] // TILE):
-        r0 = tile_index * TILE
-        tile = np.empty((64, 64), dtype=np.uint8)
-        dd = np.empty((NL_GROUP, TILE), dtype=np.float32)
-        acc = np.empty((CHUNK, TILE), dtype=np.float32)
-        for t0 in range(0, n_rows, CHUNK):
-            t1 = min(t0 + CHUNK, n_rows)
-            acc[:] = 0.0
-            for j in range(0, n_blocks, NL_GROUP):
-                count = min(NL_GROUP, n_blocks - j)
-                for c in range(count // 2):
-                    unpack_nl_pair(weights, r0, j + 2 * c, tile, c)
-                if count % 2:
-                    unpack_nl_single(weights, r0, j + count - 1, tile, count // 2)
-                for m in range(count):
-                    for i in range(TILE):
-                        dd[m, i] = read_f16(weights[r0 + i], (j + m) * nl_format.BLOCK_BYTES)
-                t = t0
-                while t + ROWS <= t1:
-                    if count == NL_GROUP:
-                        tile_dots_nl_4x8(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
-                    else:
-                        if count >= 4:  # count < 8: four blocks at once where there are, then one by one
-                            tile_dots_nl_4x4(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
-                        for m in range(count & 4, count):
-                            tile_dots_nl_4x1(tile, dd, qs, d, offsets, acc, t, t - t0, j + m, m)
-                    t += ROWS
-                while t < t1:
-                    if count == NL_GROUP:
-                        tile_dots_nl_1x8(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
-                    else:
-                        if count >= 4:  # count < 8: four blocks at once where there are, then one by one
-                            tile_dots_nl_1x4(tile, dd, qs, d, offsets, acc, t, t - t0, j, 0)
-                        for m in range(count & 4, count):
-                            tile_dots_nl_1x1(tile, dd, qs, d, offsets, acc, t, t - t0, j + m, m)
                     t += 1
             for t in range(t0, t1):
                 for i in range(TILE):

@@ -23,7 +23,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .pairs import pair_lane, pair_lanes
+from .pairs import dot_quads_offset_wide, dot_quads_signed_wide, pair_lane, pair_lanes
 from .vector import VectorCode
 
 BLOCK = 32
@@ -41,6 +41,16 @@ def _unsigned_block_dot(v: VectorCode, quants, act_type, acts_array, act_index):
 def _nibbles(v: VectorCode, array_type, array, index):
     """The 32 4-bit quants packed in array[index : index + 16], in element order, as <32 x i8>."""
     return v.split_nibbles(array_type, array, index)
+
+
+def level_nibbles(levels):
+    """quants(v, w, base) for a 4-bit type with a table of levels (IQ4_NL): levels[q] for the 32 nibbles
+    q packed 16 bytes at w[base:] (element pointer), as signed <32 x i8> in element order."""
+
+    def quants(v: VectorCode, w, base):
+        return v.lookup16(levels, _nibbles(v, None, w, base))
+
+    return quants
 
 
 def _with_fifth_bits(v: VectorCode, quants, array_type, array, index):
@@ -146,6 +156,56 @@ def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
             return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
         acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
         ints = v.dot_quads(quants, acts, _first_lane(v, pair_lane(v, ps, b, half, spread), 8))
+        act_scale = pair_lane(v, pd, b, half, spread)
+        return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
+
+    return pair_terms
+
+
+def signed_block_terms_kernel(block_bytes: int, quants):
+    """block_terms(v, w, aqs, ad, asum, b, prefetch) for a type of signed quants without zero point or
+    minimum (Q8_0, IQ4_NL): weights d * q, d the float16 at byte 0 of each block, q = quants(v, w, base
+    of the block) (<32 x i8>, |q| <= 127). The 32 products in eight int32 lanes (dot_quads_signed: lane j
+    the exact sum over quad j) and the scale d * ad as a vector; asum unused."""
+
+    def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
+        builder = v.builder
+        base = builder.mul(b, ir.Constant(b.type, block_bytes))
+        weights = quants(v, w, base)
+        if prefetch is not None:  # the row pointer to prefetch PREFETCH_BYTES past block b of
+            v.prefetch(None, prefetch, base)
+        acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
+        ints = v.dot_quads_signed(weights, acts)
+        scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
+        return ints, scale, None
+
+    return block_terms
+
+
+def signed_pair_terms_kernel(block_bytes: int, quants):
+    """pair_terms for a signed_block_terms_kernel type (pairs.py's QUAD_ZERO = 128): against an activation
+    pair (pairs.pair_activations), both rows in 512-bit vectors for half None, else row half (ps unused).
+    Both rows: in the spread layout the weights as unsigned bytes q + 128 from ps's per-lane starts; in
+    the compact one, which has no room for those, the activations take the weights' signs by a masked
+    negation (AVX-512 has no vpsignb). Every lane the same integer as block_terms'."""
+
+    def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
+        builder = v.builder
+        base = builder.mul(b, ir.Constant(b.type, block_bytes))
+        weights = quants(v, w, base)
+        if prefetch is not None:
+            v.prefetch(None, prefetch, base)
+        at64 = builder.mul(b, ir.Constant(b.type, 2 * BLOCK))
+        if half is None:
+            acts = v.load(None, pq, at64, 2 * BLOCK)
+            both = v.join(weights, weights)
+            if spread:
+                ints = dot_quads_offset_wide(v, both, acts, pair_lanes(v, ps, b, spread))
+            else:
+                ints = dot_quads_signed_wide(v, both, acts)
+            return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
+        acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
+        ints = v.dot_quads_signed(weights, acts)
         act_scale = pair_lane(v, pd, b, half, spread)
         return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 

@@ -1,4 +1,4 @@
-"""Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 batched products with 16 weight rows as vector lanes (prefill, on
+"""Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL batched products with 16 weight rows as vector lanes (prefill, on
 AVX-512 VNNI targets), each result equal to the type's vec_dot bit for bit.
 
 vec_dot's float order (VectorCode.row_sum) is not one scalar step per block: it keeps eight float lanes
@@ -16,7 +16,7 @@ block b, K * 16 bytes: L1 or L2 sized for the model's K), its scales (and minima
 then ROWS activation rows at a time stream over every block with their 8 * ROWS accumulators in
 registers. Q8_0's signed quants are stored as unsigned q + 128 (vpdpbusd multiplies unsigned by signed
 bytes), so lane j starts from -128 times the activation's quad j sum: |start| <= 128 * 4 * 127 and the
-lane ends at exactly vec_dot's integer.
+lane ends at exactly vec_dot's integer. IQ4_NL's looked-up levels (-127..113) are stored the same way.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel, read_f16
-from .legacy import _nibbles, _with_fifth_bits
+from ....quant.iq4_nl import KVALUES as IQ4_NL_LEVELS
+from .legacy import _nibbles, _with_fifth_bits, level_nibbles
 from .q4_k_tiles import TILE, _dot_quads_512, _transpose16
 from .vector import VectorCode
 
@@ -40,7 +41,7 @@ ROWS = 2  # activation rows per pass over the tile (16 accumulators in registers
 # tiles time): Q4_0 T = 16 / 32 / 64: 0.89 / 1.07 / 1.31, Q5_0 T = 16 / 32: 0.86 / 1.13; Q8_0 T = 32 /
 # 48 / 64: 0.80 / 0.81 / 1.06 (its pair kernels unpack nothing and its tiles add a start per lane);
 # Q4_1 T = 4 / 8: 1.41 / 2.35, Q5_1: 0.76 / 1.27.
-MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8}
+MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 32}
 
 
 # ----- the types: where their quants lie, as an unpacking of one block to <32 x i8> in element order -----
@@ -64,6 +65,14 @@ def _five_bit(qh_offset: int, qs_offset: int):
 def _eight_bit_offset(v: VectorCode, row, base):
     """Q8_0's signed quants as the unsigned bytes q + 128 (the sign bit flipped)."""
     return v.builder.xor(v.load(None, row, v.offset(base, 2), BLOCK), v.constant(0x80, BLOCK, 8))
+
+
+_nl_levels = level_nibbles([int(level) for level in IQ4_NL_LEVELS])
+
+
+def _level_offset(v: VectorCode, row, base):
+    """IQ4_NL's signed levels as the unsigned bytes level + 128 (as Q8_0's quants: QUAD_OFFSET starts)."""
+    return v.builder.xor(_nl_levels(v, row, v.offset(base, 2)), v.constant(0x80, BLOCK, 8))
 
 
 # ----- unpacking a tile -----
@@ -242,6 +251,7 @@ unpack_q4_1 = _unpacker(20, _four_bit(4))
 unpack_q5_0 = _unpacker(22, _five_bit(2, 6))
 unpack_q5_1 = _unpacker(24, _five_bit(4, 8))
 unpack_q8_0 = _unpacker(34, _eight_bit_offset)
+unpack_iq4_nl = _unpacker(18, _level_offset)
 
 
 def available() -> bool:
@@ -330,6 +340,21 @@ def q8_0_tiles(weights, out, qs, d, s):
         tile, scales, mins = tile_scratch(n_blocks)
         unpack_q8_0(weights, tile_index * TILE, n_blocks, tile)
         f16_columns(weights, tile_index * TILE, 34, 0, scales)
+        for pair in range(n_rows // ROWS):
+            quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+        for t in range(n_rows - n_rows % ROWS, n_rows):
+            quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
+
+
+@exact_kernel(parallel=True)
+def iq4_nl_tiles(weights, out, qs, d, s):
+    n_rows, n_blocks = d.shape
+    starts = np.empty((n_rows, n_blocks * QUADS), dtype=np.int32)
+    quad_starts(qs, starts)
+    for tile_index in prange(weights.shape[0] // TILE):
+        tile, scales, mins = tile_scratch(n_blocks)
+        unpack_iq4_nl(weights, tile_index * TILE, n_blocks, tile)
+        f16_columns(weights, tile_index * TILE, 18, 0, scales)
         for pair in range(n_rows // ROWS):
             quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
         for t in range(n_rows - n_rows % ROWS, n_rows):
