@@ -33,6 +33,13 @@ Q8_K's vec_dot now writes the fma out (backends/cpu/quant_kernels/q8_k.py), so e
 cached bits: the avx512_vnni entries are unchanged, and the 19 avx2 Q8_K entries (where the code before
 never fused) were re-recorded from the code after, the haswell command above with PYTHONPATH=/work/main.
 
+Two more since (2026-11-26), both target keys re-recorded from the working tree with the two commands
+above (PYTHONPATH and the cache folders of the current code): IQ4_NL's products now keep Q8_0's eight
+float lanes (its matmul and matmul_rows entries), and SiLU divides exactly (gated_act/silu): in fast-math
+code LLVM had turned the division into vrcpps plus a Newton step, whose bits differ between Intel and AMD
+CPUs, so the entries recorded on AMD failed on an Intel machine. (The softmax of prefill attention now sums
+in a fixed order for the same reason; its entries came out unchanged.)
+
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
 """
