@@ -15,6 +15,11 @@ how often the top token agrees. A per-prompt KL bound below the spread of llama.
 bound some prompts fail by rounding alone: the 8-bit activation quantization inside every matmul turns
 an ulp anywhere into flipped int8 roundings downstream.
 
+With --reference OUT.npz it also writes what tests/model/test_gemma_reference.py checks our engine against
+(llama.cpp only: no localllm logits in it): the prompts' token ids, the base path's TOP_K most likely
+tokens with their log-probabilities at the last position, and the per-prompt KL of llama.cpp's token-by-
+token and flash-attention paths against the base, each computed as top_k_kl computes ours.
+
 llama.cpp runs in a child process through llama-cpp-python (`pip install -e '.[bench]'`), or through the
 Python package of its sdist and a library built from it (scripts/bench_vs_llamacpp.py says how to build):
     PYTHONPATH=<sdist dir> LLAMA_CPP_LIB_PATH=<sdist>/vendor/llama.cpp/build/bin python scripts/kl_spread.py
@@ -51,6 +56,8 @@ LLAMA_VARIANTS = {  # name -> (Llama keyword arguments, repack weights)
     "llama.cpp no repack": ({}, False),
 }
 BASE = "llama.cpp batched"
+SPREAD_PATHS = ("llama.cpp token by token", "llama.cpp flash attention")  # the bar of --reference
+TOP_K = 512  # tokens of the base distribution kept by --reference
 
 
 def _llama(model: str, threads: int, kwargs: dict, repack: bool, vocab_only: bool = False):
@@ -141,6 +148,35 @@ def compare(base: np.ndarray, other: np.ndarray) -> dict:
     }
 
 
+def top_k_kl(base_ids: np.ndarray, base_logp: np.ndarray, other_logits: np.ndarray) -> float:
+    """KL(base || other) between the two distributions coarsened to the base's top tokens (base_ids,
+    with their log-probabilities base_logp) plus one bucket for every other token: a lower bound of the
+    full KL, equal to it up to the bucket's share (what a reference file of 512 tokens a prompt allows).
+    other_logits: float[vocab]."""
+    q = log_softmax(other_logits)
+    p_rest = max(1.0 - float(np.exp(base_logp).sum()), 1e-300)
+    q_rest = max(1.0 - float(np.exp(q[base_ids]).sum()), 1e-300)
+    p = np.exp(base_logp)
+    return float(np.sum(p * (base_logp - q[base_ids])) + p_rest * (np.log(p_rest) - np.log(q_rest)))
+
+
+def write_reference(path: str, model: str, prompts: dict, logits: dict) -> None:
+    """The compact reference (module docstring): token ids (concatenated, with offsets), the base's top
+    TOP_K ids and log-probabilities per prompt, and the SPREAD_PATHS' top_k_kl per prompt."""
+    base = log_softmax(logits[BASE])
+    top_ids = np.argsort(-base, axis=1)[:, :TOP_K].astype(np.int32)
+    top_logp = np.take_along_axis(base, top_ids, axis=1)
+    spread = np.array([[top_k_kl(top_ids[i], top_logp[i], logits[name][i]) for i in range(len(prompts))] for name in SPREAD_PATHS])
+    ids = list(prompts.values())
+    np.savez_compressed(
+        path, model=os.path.basename(model), names=np.array(list(prompts)), tokens=np.concatenate(ids).astype(np.int32),
+        offsets=np.cumsum([0] + [len(x) for x in ids]).astype(np.int64), top_ids=top_ids,
+        top_logp=top_logp.astype(np.float64), spread_paths=np.array(SPREAD_PATHS), spread_kl=spread,
+    )
+    print(f"wrote {path}: {len(ids)} prompts, top {TOP_K} tokens each; " + "; ".join(
+        f"{name}: median {np.median(kl):.5f}, p90 {np.quantile(kl, 0.9):.5f}" for name, kl in zip(SPREAD_PATHS, spread)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", nargs="?", help="GGUF file (default: the built-in Gemma 3 270M)")
@@ -148,6 +184,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", help="write the figures (and every prompt's KL) here")
+    parser.add_argument("--reference", metavar="OUT.npz", help="write the compact llama.cpp reference the tests check (module docstring)")
     parser.add_argument("--llama-worker", metavar="OUT_DIR", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.llama_worker:
@@ -168,6 +205,8 @@ def main() -> int:
             return 2
         prompts = json.loads((Path(tmp) / "prompts.json").read_text())
         logits = {name: np.load(Path(tmp) / f"llama{i}.npy") for i, name in enumerate(LLAMA_VARIANTS)}
+    if args.reference:
+        write_reference(args.reference, model, prompts, logits)
     logits.update(localllm_logits(model, prompts, args.threads))
     lengths = [len(ids) for ids in prompts.values()]
     print(f"{len(prompts)} prompts of {min(lengths)}-{max(lengths)} tokens; KL({BASE} || each) at the last prompt position")
