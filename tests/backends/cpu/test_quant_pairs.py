@@ -21,12 +21,13 @@ from quant_rows import bits, random_rows
 from localllm import quant
 from localllm.backends.cpu.drivers import drivers
 from localllm.backends.cpu.matmul import BatchActivation
-from localllm.backends.cpu.quant_kernels import kernel_record, pairs, vector
+from localllm.backends.cpu.quant_kernels import kernel_record, kernel_records, pairs, vector
 
-PAIR_TYPES = [name for name in ("Q4_0", "Q5_0", "Q8_0", "Q4_1", "Q5_1") if kernel_record(name).pairs is not None]
+PAIR_TYPES = [record.name for record in kernel_records() if record.pairs is not None]
 N_WEIGHT_ROWS = 2 * pairs.CHUNK_ROWS + 7
 FEW_WEIGHT_ROWS = pairs.PAIR_ROWS - 1
 MAX_T = 17
+assert {"Q4_0", "Q5_0", "Q8_0", "IQ4_NL"} <= set(PAIR_TYPES)  # the list is not silently empty
 
 
 def _run_under(isa, fn, *args):
