@@ -40,8 +40,10 @@ ROWS = 2  # activation rows per pass over the tile (16 accumulators in registers
 # 270M's layer shapes, one thread, a session script (best of 21 alternating passes, pairs or grid time /
 # tiles time): Q4_0 T = 16 / 32 / 64: 0.89 / 1.07 / 1.31, Q5_0 T = 16 / 32: 0.86 / 1.13; Q8_0 T = 32 /
 # 48 / 64: 0.80 / 0.81 / 1.06 (its pair kernels unpack nothing and its tiles add a start per lane);
-# Q4_1 T = 4 / 8: 1.41 / 2.35, Q5_1: 0.76 / 1.27.
-MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 32}
+# Q4_1 T = 4 / 8: 1.41 / 2.35, Q5_1: 0.76 / 1.27; IQ4_NL (2026-11-26, Intel machine, best of 15, pairs /
+# tiles, 2048 x 640 and 640 x 2048) T = 8 / 16 / 32: 1.01-1.09 / 1.17-1.43 / 1.19-1.47 (its pair kernels
+# look each block's levels up again per call, where the tiles unpack once).
+MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 8}
 
 
 # ----- the types: where their quants lie, as an unpacking of one block to <32 x i8> in element order -----
