@@ -31,7 +31,7 @@ ASSUMED_TRAINED_CTX = 2048
 
 @dataclass
 class MemoryEstimate:
-    weights_bytes: int  # mapped from the file (page cache), not copied
+    weights_bytes: int  # the file's tensors: mapped, or copied by the CPU backend (backends/cpu/weight_memory.py)
     kv_bytes: int
     n_ctx: int
     # On a device backend: weights as uploaded + KV cache + buffers, all in device memory (0 on the CPU).

@@ -24,6 +24,17 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def transparent_huge_pages() -> bool:
+    """Whether the kernel backs memory advised MADV_HUGEPAGE with 2 MiB pages (Linux's transparent huge
+    pages set to "always" or "madvise"; False where it is "never" or there is no such setting)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            setting = f.read()
+    except OSError:
+        return False
+    return "[always]" in setting or "[madvise]" in setting
+
+
 def physical_cores() -> int:
     """Physical cores (hyper-threads share execution units, so they do not help memory-bound decode)."""
     try:

@@ -8,6 +8,7 @@ environment. This module is the one place localllm reads its environment variabl
 |----------------------------------|----------------------------------|------------------------------------------|
 | LOCALLLM_REPACK                  | repack ("0": off)                | on                                       |
 | LOCALLLM_COMPILE                 | compile_mode                     | background                               |
+| LOCALLLM_WEIGHTS                 | weights                          | auto                                     |
 | LOCALLLM_KERNEL_DIR              | kernel_dir                       | $XDG_CACHE_HOME/localllm/kernels         |
 | LOCALLLM_MODELS                  | models_dir                       | $XDG_CACHE_HOME/localllm/models          |
 | LOCALLLM_HISTORY                 | history_path                     | $XDG_STATE_HOME/localllm/history         |
@@ -34,6 +35,11 @@ from .errors import LocalLLMError
 # kernel when first called (the test suite, and processes that want one code path).
 COMPILE_MODES = ("background", "foreground")
 
+# Where the CPU backend keeps the weights it reads (backends/cpu/weight_memory.py): "copied" into huge-page
+# memory at load, "mapped" (read where they lie in the file's mapping, llama.cpp's default), or "auto":
+# copied when the machine has transparent huge pages and the model fits well within its memory.
+WEIGHT_PLACES = ("auto", "copied", "mapped")
+
 # Spins before an idle OpenMP worker sleeps (GOMP_SPINCOUNT), set when the user chose no waiting policy.
 # libgomp's own default (300,000, when the variables are unset) keeps a worker spinning far longer than
 # the gaps inside a decode step need, taking CPU from other processes between steps; 30,000 covered the
@@ -52,6 +58,7 @@ class Runtime:
     openmp_spincount: Optional[str]  # GOMP_SPINCOUNT for the OpenMP pool; None: the user's own policy
     numba_cache_dir: str = ""  # NUMBA_CACHE_DIR as given ("" when unset)
     debug: bool = False  # tracebacks on errors (the CLI)
+    weights: str = "auto"  # one of WEIGHT_PLACES
 
     @classmethod
     def resolve(cls, threads: Optional[int] = None, repack: Optional[bool] = None,
@@ -68,6 +75,7 @@ class Runtime:
             openmp_spincount=openmp_spincount(env),
             numba_cache_dir=env.get("NUMBA_CACHE_DIR", ""),
             debug=debug(env),
+            weights=weight_place(env),
         )
 
     def with_arguments(self, threads: Optional[int] = None, repack: Optional[bool] = None) -> "Runtime":
@@ -95,6 +103,13 @@ def compile_mode(environ: Optional[Mapping[str, str]] = None) -> str:
     if mode not in COMPILE_MODES:
         raise LocalLLMError(f"LOCALLLM_COMPILE must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
     return mode
+
+
+def weight_place(environ: Optional[Mapping[str, str]] = None) -> str:
+    place = _env(environ).get("LOCALLLM_WEIGHTS", "auto").strip().lower() or "auto"
+    if place not in WEIGHT_PLACES:
+        raise LocalLLMError(f"LOCALLLM_WEIGHTS must be one of {', '.join(WEIGHT_PLACES)}, got {place!r}")
+    return place
 
 
 def kernel_dir(environ: Optional[Mapping[str, str]] = None) -> Path:

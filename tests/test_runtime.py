@@ -41,12 +41,15 @@ CASES = [
     ({"NUMBA_CACHE_DIR": "/n"}, {}, {"numba_cache_dir": "/n"}),
     ({"LOCALLLM_DEBUG": "1"}, {}, {"debug": True}),
     ({"LOCALLLM_DEBUG": "yes"}, {}, {}),
+    ({"LOCALLLM_WEIGHTS": "Mapped"}, {}, {"weights": "mapped"}),
+    ({"LOCALLLM_WEIGHTS": "copied"}, {}, {"weights": "copied"}),
+    ({"LOCALLLM_WEIGHTS": ""}, {}, {}),
 ]
 
 DEFAULTS = dict(
     threads=None, repack=True, compile_mode="background", kernel_dir=HOME / ".cache" / "localllm" / "kernels",
     models_dir=HOME / ".cache" / "localllm" / "models", history_path=HOME / ".local" / "state" / "localllm" / "history",
-    openmp_spincount=DEFAULT_SPINCOUNT, numba_cache_dir="", debug=False,
+    openmp_spincount=DEFAULT_SPINCOUNT, numba_cache_dir="", debug=False, weights="auto",
 )
 
 
@@ -59,6 +62,11 @@ def test_runtime_resolves_from_the_environment_and_the_arguments(environ, argume
 def test_an_unknown_compile_mode_is_refused_when_resolved():
     with pytest.raises(LocalLLMError, match="LOCALLLM_COMPILE must be one of background, foreground, got 'later'"):
         Runtime.resolve(environ={"LOCALLLM_COMPILE": "later"})
+
+
+def test_an_unknown_weight_place_is_refused_when_resolved():
+    with pytest.raises(LocalLLMError, match="LOCALLLM_WEIGHTS must be one of auto, copied, mapped, got 'disk'"):
+        Runtime.resolve(environ={"LOCALLLM_WEIGHTS": "disk"})
 
 
 def test_the_process_environment_is_the_default(monkeypatch, tmp_path):

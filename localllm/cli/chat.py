@@ -110,7 +110,7 @@ def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional
         path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
     memory = estimate_memory(path, ctx, check=True)  # a context that cannot fit: one error line, nothing else
     ui.err_console.print(
-        f"[dim]{Path(path).name}: {ui.human_bytes(memory.weights_bytes)} of weights (mapped) + "
+        f"[dim]{Path(path).name}: {ui.human_bytes(memory.weights_bytes)} of weights + "
         f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]", soft_wrap=True
     )
     with ui.err_console.status(f"loading {Path(path).name}"):

@@ -1,6 +1,7 @@
-"""The Numba CPU backend's ops: the default backend. Weights stay quantized in the memory-mapped file
-(Q4_K matrices re-laid 16 rows at a time at their first product, their file pages then released:
-matmul.PackedWeights, kept per weight by layouts.WeightLayouts). How many threads each op runs on is
+"""The Numba CPU backend's ops: the default backend. Weights stay quantized as in the file: copied at
+load into huge-page memory when the model fits well within the memory, else read in the file's mapping
+(weight_memory.py), except matrices re-laid 16 rows at a time at their first product, their file pages
+then released (matmul.PackedWeights, kept per weight by layouts.WeightLayouts). How many threads each op runs on is
 threads.ThreadPolicy's decision; the kernels are in matmul, kernels, attention_decode and attention_blas."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .matmul import (
     BLAS_MIN_ROWS,
     INTEGER_ALWAYS,
     MatmulScratch,
+    PackedWeights,
     blas_min_rows,
     gather_rows_kernel,
     matmul,
@@ -30,6 +32,7 @@ from .matmul import (
 )
 from .threads import SMALL_ATTENTION_WORK, SMALL_MATVEC_BYTES, ThreadPolicy, configure_openmp_waiting
 from .tiers import BackgroundCompile, fits_basic_tier, prepared
+from .weight_memory import HugePageArena, copies_weights, copy_to_arena
 
 # The package's name, as before the package was split: what users and tests filter on.
 log = logging.getLogger("localllm.backends.cpu")
@@ -49,7 +52,8 @@ class _FailedCompile:
 class CPUBackend(Backend):
     name = "cpu"
 
-    # The ops read the weights where they lie in the file's mapping (upload returns the view itself).
+    # The ops read the weights where they lie in the file's mapping, unless plan_memory decides to copy
+    # them (weight_memory.py), which reads the whole file at load anyway.
     reads_mapped_weights = True
 
     def __init__(self, threads: int | None = None, repack: bool | None = None, runtime: Runtime | None = None):
@@ -78,6 +82,7 @@ class CPUBackend(Backend):
         self._gelu_table = None
         self._paged_rows = np.empty(0, dtype=np.int32)
         self.background: BackgroundCompile | None = None
+        self.arena: HugePageArena | None = None  # where upload copies matrices to; None: left mapped
 
     # While a BackgroundCompile is running, the basic tier (tiers.py): no re-laid matrices, products of
     # several rows row by row, serial small ops, our kernels on one thread (the compile has the other
@@ -135,9 +140,20 @@ class CPUBackend(Backend):
     def supports(self, qtype: str) -> bool:
         return quant.is_supported(qtype)
 
+    def plan_memory(self, reader, memory, hp, ctx_given: bool) -> None:
+        """Decide where the matrices are read from (weight_memory.copies_weights, on the runtime's
+        `weights` setting); when they are copied, have the kernel read the file ahead for the copies."""
+        if copies_weights(self.runtime.weights, memory.weights_bytes, memory.kv_bytes):
+            self.arena = HugePageArena(self.threads)
+            reader.read_ahead()
+
     def upload(self, weight: Weight) -> Weight:
         if len(weight.shape) >= 2 and quant.is_supported(weight.qtype):
-            self.thread_policy.matmuls_use_blas |= blas_min_rows(quant.get(weight.qtype)) < INTEGER_ALWAYS
+            qt = quant.get(weight.qtype)
+            self.thread_policy.matmuls_use_blas |= blas_min_rows(qt) < INTEGER_ALWAYS
+            relaid_later = self.repack and PackedWeights.suits(qt, weight.data)  # its copy is the re-laid one
+            if self.arena is not None and not relaid_later:
+                return Weight(weight.name, weight.qtype, weight.shape, copy_to_arena(self.arena, weight.data))
         return weight
 
     def alloc(self, shape, dtype=np.float32):
