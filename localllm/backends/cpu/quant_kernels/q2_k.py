@@ -15,7 +15,8 @@ from .vector import VectorCode
 @intrinsic
 def block_sums(typingctx, w, base, aqs, a, asum, group):
     """(sum_g scale_g * <q_g, a_g>, sum_g min_g * asum[group + g]) for the block at w[base:], against
-    aqs[a : a+256] and its group sums asum[group : group+16]; both int32."""
+    aqs[a : a+256] and its group sums asum[group : group+16]; both int32. Where the target has AVX-512
+    BW, 64 weights a step with prefetch (_block_sums_wide); exact integers either way."""
     sig = types.UniTuple(types.int32, 2)(w, base, aqs, a, asum, group)
 
     def codegen(context, builder, signature, args):
@@ -24,6 +25,9 @@ def block_sums(typingctx, w, base, aqs, a, asum, group):
         v = VectorCode(context, builder)
         packed = v.load(wt, w_, v.offset(base_, _SCALES), N_GROUPS)
         scales16 = v.widen(v.and_(packed, 15), 16, signed=False)
+        if v.avx512_bw:
+            totals = _block_sums_wide(v, (wt, w_, base_), (at, aqs_, a_), (st, asum_, group_), packed, scales16)
+            return context.make_tuple(builder, signature.return_type, totals)
         acc = None
         for h in range(2):
             qs = v.load(wt, w_, v.offset(base_, _QS + 32 * h), 32)
@@ -37,6 +41,29 @@ def block_sums(typingctx, w, base, aqs, a, asum, group):
         return context.make_tuple(builder, signature.return_type, [v.sum(acc), mins_sum])
 
     return sig, codegen
+
+
+def _block_sums_wide(v: VectorCode, weights, acts, sums, packed, scales16):
+    """block_sums on 512-bit vectors: elements 128h + 64i .. +64 a step, their 2-bit fields j = 2i and
+    2i + 1 of qs[32h : 32h + 32] (bit_fields_wide), by the scales of groups 8h + 4i .. +3 (as
+    q3_k._block_sum_wide); the two totals by one halving tree."""
+    wt, w_, base_ = weights
+    at, aqs_, a_ = acts
+    st, asum_, group_ = sums
+    for line in range(0, BLOCK_BYTES, 60):  # every cache line of the block PREFETCH_BYTES further on
+        v.prefetch(wt, w_, v.offset(base_, line))
+    mins = v.mul(v.widen(v.shr(packed, 4), 32, signed=False), v.load(st, asum_, group_, N_GROUPS))
+    acc = None
+    for h in range(2):
+        qs = v.load(wt, w_, v.offset(base_, _QS + 32 * h), 32)
+        half_scales = v.shuffle(scales16, range(8 * h, 8 * h + 8))
+        for i in range(2):
+            j0, j1 = 2 * i, 2 * i + 1
+            quants = v.bit_fields_wide(qs, {0: 2 * j0, 1: 2 * j0 + 1}, {0: 2 * j1, 1: 2 * j1 + 1})
+            activations = v.load(at, aqs_, v.offset(a_, 128 * h + 64 * i), 64)
+            group_scales = v.pick_words(half_scales, [4 * i + k // 8 for k in range(32)])
+            acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(quants, activations), group_scales))
+    return list(v.sum_two(acc, mins))
 
 
 @exact_kernel
