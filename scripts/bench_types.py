@@ -6,6 +6,7 @@ llama-quantize's type names, then `llama-bench` and `localllm bench` on each fil
     python scripts/bench_types.py --llama-bench PATH --types Q4_0,Q2_K --rounds 3
     python scripts/bench_types.py --llama-bench PATH --model 8b -p 128 -n 32   # Q4_0, Q8_0, Q3_K_M
     python scripts/bench_types.py --llama-bench PATH --model 8b --prepare       # only make the files
+    python scripts/bench_types.py --llama-bench PATH --llama-load-mode none     # against llama.cpp's --no-mmap
 
 The model files (made once in --workdir, reused on later runs):
 - gemma (default): the shipped Gemma 3 270M Q4_K_M requantized to F32 (`localllm quantize --type F32
@@ -80,7 +81,7 @@ def measure_pair(path: Path, args, first: str) -> dict:
             rows, _ = localllm_bench(str(path), args.threads, args.repetitions, args.n_prompt, args.n_gen)
         else:
             rows, _ = llamacpp_bench(args.llama_bench, str(path), args.threads, args.repetitions, args.n_prompt,
-                                     args.n_gen)
+                                     args.n_gen, load_mode=args.llama_load_mode)
         for row in rows:
             result[(engine, test_name(row))] = row["avg_ts"]
     return result
@@ -121,6 +122,8 @@ def main() -> None:
     parser.add_argument("-p", "--n-prompt", type=int, default=256)
     parser.add_argument("-n", "--n-gen", type=int, default=64)
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument("--llama-load-mode", default=None,
+                        help="llama-bench's -lm: mmap (its default), none (read into its own memory, as --no-mmap)")
     parser.add_argument("--prepare", action="store_true", help="make the model files, measure nothing")
     args = parser.parse_args()
     types = args.types.split(",") if args.types else list(GEMMA_TYPES if args.model == "gemma" else EIGHT_B_TYPES)
@@ -140,7 +143,8 @@ def main() -> None:
             print(f"round {rnd + 1} {qtype}: " + ", ".join(
                 f"{test} {pair[('llama.cpp', test)]:.1f} → {pair[('localllm', test)]:.1f}" for test in tests), flush=True)
     results = {qtype: {test: summary(rounds[qtype], test) for test in tests} for qtype in types}
-    print(f"\n{args.model}, {args.threads} threads, {args.rounds} rounds of -r {args.repetitions} "
+    mode = f", llama-bench -lm {args.llama_load_mode}" if args.llama_load_mode else ""
+    print(f"\n{args.model}, {args.threads} threads, {args.rounds} rounds of -r {args.repetitions}{mode} "
           f"(tok/s medians; ratio: median of the paired rounds, range)\n")
     print(table(results, tests, TARGETS[args.model]))
     if args.json_path:

@@ -62,9 +62,10 @@ def localllm_bench(model, threads, reps, n_prompt, n_gen, n_depth=0):
     return json.loads(out), rss
 
 
-def llamacpp_bench(binary, model, threads, reps, n_prompt, n_gen, n_depth=0):
+def llamacpp_bench(binary, model, threads, reps, n_prompt, n_gen, n_depth=0, load_mode=None):
+    """load_mode: llama-bench's -lm (mmap, none = its --no-mmap, ...); None: its default."""
     cmd = [binary, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-d", str(n_depth), "-t", str(threads), "-r", str(reps),
-           "-o", "json"]
+           "-o", "json"] + (["-lm", load_mode] if load_mode else [])
     out, _, rss = peak_rss(cmd)
     return json.loads(out), rss
 
