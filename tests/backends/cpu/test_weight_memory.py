@@ -3,9 +3,6 @@ mapping (backends/cpu/weight_memory.py), and the same logits either way."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -19,6 +16,7 @@ from localllm.gguf.writer import GGUFWriter
 from localllm.model.decoder import KVCache
 from localllm.runtime import Runtime
 
+from test_quant_packed import _mapping_rss_kib
 from tiny_models import write_tiny_model
 
 GIB = 1 << 30
@@ -47,17 +45,6 @@ def _vm_flags(address: int) -> list[str]:
             elif inside and head == "VmFlags:":
                 return line.split()[1:]
     raise AssertionError(f"no mapping holds {address:#x}")
-
-
-def _mapping_rss_kib(path: Path) -> int:
-    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-            inside = line.endswith(str(path))
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
 
 
 def test_a_copy_has_the_bytes_shape_and_type_read_only_in_advised_memory():

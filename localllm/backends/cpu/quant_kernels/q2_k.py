@@ -44,26 +44,37 @@ def block_sums(typingctx, w, base, aqs, a, asum, group):
 
 
 def _block_sums_wide(v: VectorCode, weights, acts, sums, packed, scales16):
-    """block_sums on 512-bit vectors: elements 128h + 64i .. +64 a step, their 2-bit fields j = 2i and
-    2i + 1 of qs[32h : 32h + 32] (bit_fields_wide), by the scales of groups 8h + 4i .. +3 (as
-    q3_k._block_sum_wide); the two totals by one halving tree."""
+    """block_sums on 512-bit vectors (two_bit_sums_wide), the two totals by one halving tree."""
     wt, w_, base_ = weights
-    at, aqs_, a_ = acts
     st, asum_, group_ = sums
     for line in range(0, BLOCK_BYTES, 60):  # every cache line of the block PREFETCH_BYTES further on
         v.prefetch(wt, w_, v.offset(base_, line))
     mins = v.mul(v.widen(v.shr(packed, 4), 32, signed=False), v.load(st, asum_, group_, N_GROUPS))
+    return list(v.sum_two(two_bit_sums_wide(v, weights, _QS, acts, scales16), mins))
+
+
+def two_bit_sums_wide(v: VectorCode, weights, qs_at: int, acts, scales16, high_bits=None):
+    """<16 x i32> partial sums of scale_g * u * a over one super-block whose low 2 bits lie as Q2_K's and
+    Q3_K's qs (at byte qs_at of the block: 32 bytes per 128 elements, field j of byte l is element 32j +
+    l), 64 weights a step: elements 128h + 64i .. +64 are fields 2i and 2i + 1 of qs[32h : 32h + 32],
+    gathered by bit_fields_wide (one gf2p8affineqb with GFNI), against their 64 activations, by the
+    scales of groups 8h + 4i .. +3 (scales16: <16 x i16>). high_bits(h, j0, j1): a <64 x i8> OR-ed into
+    those fields (Q3_K's third bit), or None. weights, acts: (array type, array, byte/element index)."""
+    wt, w_, base_ = weights
+    at, aqs_, a_ = acts
     acc = None
     for h in range(2):
-        qs = v.load(wt, w_, v.offset(base_, _QS + 32 * h), 32)
+        qs = v.load(wt, w_, v.offset(base_, qs_at + 32 * h), 32)
         half_scales = v.shuffle(scales16, range(8 * h, 8 * h + 8))
         for i in range(2):
             j0, j1 = 2 * i, 2 * i + 1
             quants = v.bit_fields_wide(qs, {0: 2 * j0, 1: 2 * j0 + 1}, {0: 2 * j1, 1: 2 * j1 + 1})
+            if high_bits is not None:
+                quants = v.or_(quants, high_bits(h, j0, j1))
             activations = v.load(at, aqs_, v.offset(a_, 128 * h + 64 * i), 64)
             group_scales = v.pick_words(half_scales, [4 * i + k // 8 for k in range(32)])
             acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(quants, activations), group_scales))
-    return list(v.sum_two(acc, mins))
+    return acc
 
 
 @exact_kernel

@@ -9,6 +9,7 @@ from numba.extending import intrinsic
 
 from ....jit import exact_kernel, fma_f32, read_f16
 from ....quant.q3_k import BLOCK, BLOCK_BYTES, N_GROUPS, _D, _HMASK, _QS, _SCALES
+from .q2_k import two_bit_sums_wide
 from .vector import VectorCode
 
 
@@ -63,26 +64,18 @@ def block_sum(typingctx, w, base, aqs, a, asum, group):
 
 
 def _block_sum_wide(v: VectorCode, weights, acts, sums, scales, scales16, hmask):
-    """block_sum on 512-bit vectors: elements 128h + 64i .. +64 a step, their 2-bit fields j = 2i and
-    2i + 1 of qs[32h : 32h + 32] and their bits 4h + j of hmask gathered into u (bit_fields_wide: one
-    gf2p8affineqb each with GFNI), against the 64 activations, by the scales of groups 8h + 4i .. +3."""
+    """block_sum on 512-bit vectors: Q2_K's two_bit_sums_wide with bit 4h + j of hmask as each field's
+    third bit (bit_fields_wide again), then one sum per block."""
     wt, w_, base_ = weights
-    at, aqs_, a_ = acts
     st, asum_, group_ = sums
     for line in range(0, BLOCK_BYTES, 60):  # every cache line of the block PREFETCH_BYTES further on
         v.prefetch(wt, w_, v.offset(base_, line))
     offsets = v.mul(v.widen(scales, 32), v.load(st, asum_, group_, N_GROUPS))
-    acc = None
-    for h in range(2):
-        qs = v.load(wt, w_, v.offset(base_, _QS + 32 * h), 32)
-        half_scales = v.shuffle(scales16, range(8 * h, 8 * h + 8))
-        for i in range(2):
-            j0, j1 = 2 * i, 2 * i + 1
-            low = v.bit_fields_wide(qs, {0: 2 * j0, 1: 2 * j0 + 1}, {0: 2 * j1, 1: 2 * j1 + 1})
-            high = v.bit_fields_wide(hmask, {2: 4 * h + j0}, {2: 4 * h + j1})
-            activations = v.load(at, aqs_, v.offset(a_, 128 * h + 64 * i), 64)
-            group_scales = v.pick_words(half_scales, [4 * i + k // 8 for k in range(32)])
-            acc = v.add(acc, v.scale_pairs_wide(v.dot_pairs_wide(v.or_(low, high), activations), group_scales))
+
+    def high_bits(h, j0, j1):
+        return v.bit_fields_wide(hmask, {2: 4 * h + j0}, {2: 4 * h + j1})
+
+    acc = two_bit_sums_wide(v, weights, _QS, acts, scales16, high_bits)
     # sum(acc) - 4 * sum(offsets), lane by lane: the same wrapping int32 total
     return v.sum(v.builder.sub(acc, v.shl(offsets, 2)))
 
