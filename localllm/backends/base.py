@@ -47,7 +47,8 @@ class Backend(ABC):
     def plan_memory(self, reader, memory, hp, ctx_given: bool) -> None:
         """Check that the model fits the backend's own memory before anything is uploaded and record what
         it takes in `memory` (an api.MemoryEstimate; a device backend may lower memory.n_ctx when the user
-        did not set it, and raises a typed error naming both sizes). Host backends: nothing to do."""
+        did not set it, and raises a typed error naming both sizes). Host backends check nothing; the CPU
+        backend decides here whether upload copies the matrices (backends/cpu/weight_memory.py)."""
 
     def prepare_kernels(self, model_path) -> None:
         """The model at model_path is bound: a backend that compiles kernels may start doing so now
