@@ -13,7 +13,7 @@ from .backends import create_backend
 from .errors import ContextOverflow, LocalLLMError
 from .generate import Event, Session, generate_tokens
 from .gguf import GGUFReader
-from .host import available_memory
+from .host import available_memory, well_within
 from .model.archs import architecture_class
 from .model.decoder import KVCache, KVCacheTooLarge
 from .runtime import Runtime
@@ -46,11 +46,12 @@ def read_ahead_if_small(reader: GGUFReader) -> bool:
     """Have the kernel read the model file ahead into the page cache when it takes under half the
     available memory (so a model that barely fits does not push out what it needs).
 
-    Why: the CPU backend computes on the weights where they lie in the mapping, so a file that is not in
-    the page cache is read 4 KiB fault by fault during the first forward pass, a layer at a time.
+    Why: the CPU backend computes on the weights where they lie in the mapping (or copies them from it at
+    upload, which load runs after this), so a file that is not in the page cache is read 4 KiB fault by
+    fault during the first forward pass (or the copies), a layer at a time.
     Measured, Llama-3-8B-shaped file (4.9 GB) evicted from the cache beforehand: first 64-token prefill
     27 s with the advice, 67-110 s without (a loaded machine; the second pass 49-84 s either way)."""
-    return reader.file_size < available_memory() // 2 and reader.read_ahead()
+    return well_within(reader.file_size, available_memory()) and reader.read_ahead()
 
 
 def _kv_bytes_per_token(reader) -> int:
@@ -326,11 +327,11 @@ def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, thre
         ops = create_backend(backend, runtime=runtime)
         check_context(reader, memory, host=ops.host_buffers)
         ops.plan_memory(reader, memory, HParams.from_reader(reader, tokenizer.vocab_size), ctx_given=n_ctx is not None)
+        if ops.reads_mapped_weights:  # before upload: the CPU backend may copy the matrices there
+            read_ahead_if_small(reader)
         decoder = arch_cls(reader, ops, n_vocab=tokenizer.vocab_size)
         ops.prepare_kernels(path)
     except BaseException:
         reader.close()
         raise
-    if ops.reads_mapped_weights:
-        read_ahead_if_small(reader)
     return Model(path, reader, decoder, tokenizer, ops, memory)

@@ -24,6 +24,12 @@ def available_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
+def well_within(nbytes: int, available: int) -> bool:
+    """Whether nbytes take under half of `available` bytes of memory: what localllm lets a model take
+    before it reads the whole file ahead or copies it (so that one that barely fits keeps room)."""
+    return nbytes < available // 2
+
+
 def transparent_huge_pages() -> bool:
     """Whether the kernel backs memory advised MADV_HUGEPAGE with 2 MiB pages (Linux's transparent huge
     pages set to "always" or "madvise"; False where it is "never" or there is no such setting)."""

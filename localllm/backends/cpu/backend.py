@@ -52,8 +52,8 @@ class _FailedCompile:
 class CPUBackend(Backend):
     name = "cpu"
 
-    # The ops read the weights where they lie in the file's mapping, unless plan_memory decides to copy
-    # them (weight_memory.py), which reads the whole file at load anyway.
+    # The ops read the weights where they lie in the file's mapping, or upload copies them from it
+    # (weight_memory.py): either way the file is worth reading ahead.
     reads_mapped_weights = True
 
     def __init__(self, threads: int | None = None, repack: bool | None = None, runtime: Runtime | None = None):
@@ -142,10 +142,9 @@ class CPUBackend(Backend):
 
     def plan_memory(self, reader, memory, hp, ctx_given: bool) -> None:
         """Decide where the matrices are read from (weight_memory.copies_weights, on the runtime's
-        `weights` setting); when they are copied, have the kernel read the file ahead for the copies."""
+        `weights` setting). Either way the file is read ahead before upload (api.load)."""
         if copies_weights(self.runtime.weights, memory.weights_bytes, memory.kv_bytes):
             self.arena = HugePageArena(self.threads)
-            reader.read_ahead()
 
     def upload(self, weight: Weight) -> Weight:
         if len(weight.shape) >= 2 and quant.is_supported(weight.qtype):

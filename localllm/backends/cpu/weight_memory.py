@@ -33,12 +33,12 @@ def copies_weights(place: str, weights_bytes: int, kv_bytes: int, available: int
                    huge_pages: bool | None = None) -> bool:
     """Whether a model is copied into huge-page memory, for Runtime.weights `place`: "copied" always,
     "mapped" never, "auto" when the machine backs advised memory with huge pages and weights plus KV
-    cache take under half the available memory (the read-ahead's rule, api.read_ahead_if_small)."""
+    cache take under half the available memory (host.well_within, the read-ahead's rule too)."""
     if place != "auto":
         return place == "copied"
     available = host.available_memory() if available is None else available
     huge_pages = host.transparent_huge_pages() if huge_pages is None else huge_pages
-    return huge_pages and hasattr(mmap, "MADV_HUGEPAGE") and weights_bytes + kv_bytes < available // 2
+    return huge_pages and hasattr(mmap, "MADV_HUGEPAGE") and host.well_within(weights_bytes + kv_bytes, available)
 
 
 class HugePageArena:
