@@ -85,44 +85,61 @@ def forward(reader, tokens, neox_override=None) -> np.ndarray:
     eps = md("attention.layer_norm_rms_epsilon")
     base = md("rope.freq_base", 10000.0)
     gemma = arch == "gemma3"
-    neox = arch in ("qwen2", "qwen3", "gemma3") if neox_override is None else neox_override
+    olmo2 = arch == "olmo2"  # norms after the sub-blocks instead of before; Q/K norms over whole rows
+    granite = arch == "granite"
+    neox = arch in ("qwen2", "qwen3", "gemma3", "olmo2") if neox_override is None else neox_override
+    embedding_scale = md("embedding_scale", 0.0) if granite else 0.0
+    residual_scale = md("residual_scale", 0.0) if granite else 0.0
+    kq_scale = (md("attention.scale", 0.0) if granite else 0.0) or 1.0 / math.sqrt(head_dim)
     tokens = np.asarray(tokens)
     t = len(tokens)
     positions = np.arange(t)
     x = w["token_embd.weight"][tokens]
     if gemma:
         x = x * math.sqrt(n_embd)
+    if embedding_scale:
+        x = x * embedding_scale
     for il in range(n_layer):
         p = f"blk.{il}."
-        h = rms_norm(x, w[p + "attn_norm.weight"], eps)
+        h = x if olmo2 else rms_norm(x, w[p + "attn_norm.weight"], eps)
         q = h @ w[p + "attn_q.weight"].T
         k = h @ w[p + "attn_k.weight"].T
         v = h @ w[p + "attn_v.weight"].T
         if p + "attn_q.bias" in w:
             q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
+        if olmo2:
+            q, k = rms_norm(q, w[p + "attn_q_norm.weight"], eps), rms_norm(k, w[p + "attn_k_norm.weight"], eps)
         q = q.reshape(t, n_head, head_dim)
         k = k.reshape(t, n_kv, head_dim)
         v = v.reshape(t, n_kv, head_dim)
-        if p + "attn_q_norm.weight" in w:
+        if p + "attn_q_norm.weight" in w and not olmo2:
             q = rms_norm(q, w[p + "attn_q_norm.weight"], eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], eps)
         window, layer_base = 0, base
         if gemma and (il + 1) % 6 != 0:  # Gemma 3: five sliding-window layers, then one global
             window, layer_base = md("attention.sliding_window"), 10000.0
         factors = w.get("rope_freqs.weight")
-        q = rope(q, positions, n_rot, layer_base, neox, factors=factors)
-        k = rope(k, positions, n_rot, layer_base, neox, factors=factors)
-        attn = attend(q, k, v, 1.0 / math.sqrt(head_dim), window).reshape(t, n_head * head_dim)
+        if not (arch == "smollm3" and (il + 1) % 4 == 0):  # SmolLM3: no RoPE in every fourth layer
+            q = rope(q, positions, n_rot, layer_base, neox, factors=factors)
+            k = rope(k, positions, n_rot, layer_base, neox, factors=factors)
+        attn = attend(q, k, v, kq_scale, window).reshape(t, n_head * head_dim)
         o = attn @ w[p + "attn_output.weight"].T
-        if gemma:
+        if gemma or olmo2:
             o = rms_norm(o, w[p + "post_attention_norm.weight"], eps)
+        if residual_scale:
+            o = o * residual_scale
         x = x + o
-        h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
+        h = x if olmo2 else rms_norm(x, w[p + "ffn_norm.weight"], eps)
         act = gelu_tanh if gemma else silu
         f = (act(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-        if gemma:
+        if gemma or olmo2:
             f = rms_norm(f, w[p + "post_ffw_norm.weight"], eps)
+        if residual_scale:
+            f = f * residual_scale
         x = x + f
     x = rms_norm(x, w["output_norm.weight"], eps)
     out = w.get("output.weight", w["token_embd.weight"])
-    return x @ out.T
+    logits = x @ out.T
+    if granite:
+        logits = logits / md("logit_scale")
+    return logits

@@ -8,6 +8,10 @@ than the test prompts), biases (qwen2), Q/K norms (qwen3, gemma3), llama3 RoPE f
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
 import numpy as np
 
 from localllm import quant
@@ -63,20 +67,49 @@ def _vocab() -> tuple[list[str], np.ndarray, np.ndarray]:
     return tokens, scores, np.array(types, dtype=np.int32)
 
 
-ARCH_LAYERS = {"llama": 2, "qwen2": 2, "qwen3": 2, "gemma3": 6}
+@dataclass(frozen=True)
+class TinyArch:
+    """What a tiny model of one architecture holds beyond the llama layout (see each arch module)."""
+
+    n_layer: int = 2
+    rope_base: float = 10000.0
+    metadata: dict = field(default_factory=dict)  # extra `<arch>.<key>` values: int -> UINT32, float -> FLOAT32
+    output: bool = False  # a separate output.weight (else tied to token_embd)
+    rope_freqs: bool = False  # llama 3.1's rope_freqs.weight
+    pre_norms: bool = True  # attn_norm / ffn_norm before each sub-block
+    post_norms: bool = False  # post_attention_norm / post_ffw_norm after each sub-block
+    qk_norm: str = ""  # "head": per-head attn_q/k_norm [head_dim]; "full": over the whole projection
+    qkv_bias: bool = False
+    embd_std: float = 0.5  # token_embd std; 1/sqrt(E) keeps logits O(1) unless the arch scales embeddings
+
+
+TINY_ARCHS = {
+    "llama": TinyArch(output=True, rope_freqs=True),
+    "qwen2": TinyArch(qkv_bias=True),
+    "qwen3": TinyArch(qk_norm="head"),
+    # six layers: a global layer follows five sliding-window layers
+    "gemma3": TinyArch(n_layer=6, rope_base=1000000.0, qk_norm="head", post_norms=True, embd_std=0.05,
+                       metadata={"attention.sliding_window": WINDOW}),
+    "olmo2": TinyArch(output=True, pre_norms=False, post_norms=True, qk_norm="full", rope_base=500000.0),
+    # four layers: llama.cpp leaves RoPE out of every fourth
+    "smollm3": TinyArch(n_layer=4, rope_base=5000000.0),
+    "granite": TinyArch(metadata={"embedding_scale": 2.0, "residual_scale": 0.8, "attention.scale": 0.25,
+                                  "logit_scale": 4.0}),
+}
+ARCH_LAYERS = {arch: spec.n_layer for arch, spec in TINY_ARCHS.items()}
 
 
 def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
     """Write a random `arch` model with its matrices in `qtype` (norms and biases F32) to `path`."""
     rng = np.random.default_rng(seed)
-    n_layer = ARCH_LAYERS[arch]
+    spec = TINY_ARCHS[arch]
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
     w.add("general.name", f"tiny-{arch}-{qtype}")
     for key, value in {
         "context_length": 256,
         "embedding_length": N_EMBD,
-        "block_count": n_layer,
+        "block_count": spec.n_layer,
         "feed_forward_length": N_FF,
         "attention.head_count": N_HEAD,
         "attention.head_count_kv": N_KV,
@@ -86,9 +119,9 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
     }.items():
         w.add(f"{arch}.{key}", value, ValueType.UINT32)
     w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    w.add(f"{arch}.rope.freq_base", 10000.0 if arch != "gemma3" else 1000000.0)
-    if arch == "gemma3":
-        w.add("gemma3.attention.sliding_window", WINDOW, ValueType.UINT32)
+    w.add(f"{arch}.rope.freq_base", spec.rope_base)
+    for key, value in spec.metadata.items():
+        w.add(f"{arch}.{key}", value, ValueType.UINT32 if isinstance(value, int) else ValueType.FLOAT32)
     tokens, scores, types = _vocab()
     w.add("tokenizer.ggml.model", "llama")
     w.add("tokenizer.ggml.tokens", tokens)
@@ -104,32 +137,64 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
     def vector(name, n, mean=1.0, std=0.1):
         w.add_tensor(name, (mean + rng.normal(0, std, n)).astype(np.float32))
 
-    # token_embd std 1/sqrt(E) keeps logits O(1); gemma scales embeddings by sqrt(E) itself.
-    matrix("token_embd.weight", N_EMBD, N_VOCAB, std=0.5 if arch != "gemma3" else 0.05)
+    matrix("token_embd.weight", N_EMBD, N_VOCAB, std=spec.embd_std)
     vector("output_norm.weight", N_EMBD)
-    if arch == "llama":
+    if spec.output:
         matrix("output.weight", N_EMBD, N_VOCAB, std=0.1)
+    if spec.rope_freqs:
         w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
     q_out, kv_out = N_HEAD * HEAD_DIM, N_KV * HEAD_DIM
-    for il in range(n_layer):
+    for il in range(spec.n_layer):
         p = f"blk.{il}."
-        vector(p + "attn_norm.weight", N_EMBD)
+        if spec.pre_norms:
+            vector(p + "attn_norm.weight", N_EMBD)
         matrix(p + "attn_q.weight", N_EMBD, q_out)
         matrix(p + "attn_k.weight", N_EMBD, kv_out)
         matrix(p + "attn_v.weight", N_EMBD, kv_out)
         matrix(p + "attn_output.weight", q_out, N_EMBD)
-        vector(p + "ffn_norm.weight", N_EMBD)
+        if spec.pre_norms:
+            vector(p + "ffn_norm.weight", N_EMBD)
         matrix(p + "ffn_gate.weight", N_EMBD, N_FF)
         matrix(p + "ffn_up.weight", N_EMBD, N_FF)
         matrix(p + "ffn_down.weight", N_FF, N_EMBD)
-        if arch == "qwen2":
+        if spec.qkv_bias:
             for name, n in (("attn_q.bias", q_out), ("attn_k.bias", kv_out), ("attn_v.bias", kv_out)):
                 vector(p + name, n, mean=0.0, std=0.5)
-        if arch in ("qwen3", "gemma3"):
-            vector(p + "attn_q_norm.weight", HEAD_DIM)
-            vector(p + "attn_k_norm.weight", HEAD_DIM)
-        if arch == "gemma3":
+        if spec.qk_norm:
+            vector(p + "attn_q_norm.weight", HEAD_DIM if spec.qk_norm == "head" else q_out)
+            vector(p + "attn_k_norm.weight", HEAD_DIM if spec.qk_norm == "head" else kv_out)
+        if spec.post_norms:
             vector(p + "post_attention_norm.weight", N_EMBD)
             vector(p + "post_ffw_norm.weight", N_EMBD)
     w.write()
     return str(path)
+
+
+# The llama.cpp oracle (scripts/llamacpp_arch_logits.py records, tests/model/test_llamacpp_archs.py checks):
+# every architecture in these types, with these prompts.
+ORACLE_TYPES = ("F32", "F16", "Q8_0", "Q4_K", "Q4_K_M")
+ORACLE_SEED = 7
+# BOS then vocabulary ids: 36 tokens (a prefill past 32 rows, where some types switch kernels, and longer
+# than the tiny sliding windows) and 12 (a short prefill).
+ORACLE_PROMPTS = (
+    [2, 300, 17, 281, 299, 5, 260, 310, 333, 290, 301, 7, 270, 275, 12, 318, 263, 297, 40, 311,
+     288, 9, 325, 266, 302, 31, 279, 315, 258, 294, 21, 307, 272, 330, 285, 14],
+    [2, 261, 322, 291, 268, 350, 377, 264, 383, 299, 262, 341],
+)
+
+
+def oracle_model(directory: Path, arch: str, qtype: str) -> Path:
+    """The oracle's tiny `arch` model in `qtype`, written into `directory` (Q4_K_M: our quantize of the
+    F32 file, which is byte-identical to llama-quantize's)."""
+    path = Path(directory) / f"{arch}-{qtype}.gguf"
+    if qtype == "Q4_K_M":
+        from localllm.quantize import quantize_file
+
+        quantize_file(oracle_model(directory, arch, "F32"), path, "Q4_K_M", force=True, threads=2)
+    else:
+        write_tiny_model(path, arch, qtype, seed=ORACLE_SEED)
+    return path
+
+
+def file_sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -68,7 +68,8 @@ class Decoder:
     ROPE_NEOX = False  # NeoX pairing (x[i], x[i+n_rot/2]) instead of adjacent pairs
     ACTIVATION = "silu"  # gated feed-forward activation
     QKV_BIAS = False  # attn_q/k/v carry biases
-    QK_NORM = False  # per-head RMS norm of Q and K before RoPE
+    QK_NORM = False  # RMS norm of Q and K before RoPE: per head, or over the whole projection (the norm
+    # weights' length says which: head_dim, or n_head * head_dim and n_head_kv * head_dim)
 
     def __init__(self, reader, backend: Backend, n_vocab: int):
         self.ops = backend
@@ -91,8 +92,15 @@ class Decoder:
         """(RoPE base, frequency scale) of layer il."""
         return self.hp.rope_base, self.hp.rope_freq_scale
 
+    def layer_has_rope(self, il: int) -> bool:
+        """Whether layer il rotates Q and K (some architectures leave RoPE out of some layers)."""
+        return True
+
     def attention_scale(self) -> float:
         return 1.0 / math.sqrt(self.hp.head_dim)
+
+    def finish_logits(self, logits) -> None:
+        """Transform the output projection's logits [rows, vocab] in place (scaling, soft-capping)."""
 
     def block_specs(self, il: int) -> list[TensorSpec]:
         hp, p = self.hp, f"blk.{il}."
@@ -146,29 +154,31 @@ class Decoder:
         ops.add(b.x, b.o, b.x)
 
     # -- shared sub-blocks ----------------------------------------------------------------------------
-    def attention(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
-        """b.o <- attention(b.h) for layer il; stores this batch's K/V in the cache."""
+    def attention(self, il: int, b: Buffers, start: int, cache: KVCache, x=None) -> None:
+        """b.o <- attention(x) for layer il (x: b.h unless given); stores this batch's K/V in the cache."""
         ops, w, hp, p = self.ops, self.w, self.hp, f"blk.{il}."
-        t = b.n_tokens
-        self.linear(b, w[p + "attn_q.weight"], b.h, b.q.reshape(t, -1), w.get(p + "attn_q.bias"))
-        self.linear(b, w[p + "attn_k.weight"], b.h, b.k.reshape(t, -1), w.get(p + "attn_k.bias"))
-        self.linear(b, w[p + "attn_v.weight"], b.h, b.v.reshape(t, -1), w.get(p + "attn_v.bias"))
-        if self.QK_NORM:
+        t, x = b.n_tokens, b.h if x is None else x
+        self.linear(b, w[p + "attn_q.weight"], x, b.q.reshape(t, -1), w.get(p + "attn_q.bias"))
+        self.linear(b, w[p + "attn_k.weight"], x, b.k.reshape(t, -1), w.get(p + "attn_k.bias"))
+        self.linear(b, w[p + "attn_v.weight"], x, b.v.reshape(t, -1), w.get(p + "attn_v.bias"))
+        if self.QK_NORM:  # rms_norm normalises runs of the weight's length: a head, or a whole row
             ops.rms_norm(b.q, w[p + "attn_q_norm.weight"], hp.eps, b.q)
             ops.rms_norm(b.k, w[p + "attn_k_norm.weight"], hp.eps, b.k)
-        base, freq_scale = self.layer_rope(il)
-        factors = w.get("rope_freqs.weight")
-        ops.rope(b.q, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
-        ops.rope(b.k, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
+        if self.layer_has_rope(il):
+            base, freq_scale = self.layer_rope(il)
+            factors = w.get("rope_freqs.weight")
+            ops.rope(b.q, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
+            ops.rope(b.k, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
         cache.store(ops, il, b.k, b.v, start)
         cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn)
         self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
 
-    def feed_forward(self, il: int, b: Buffers) -> None:
-        """b.o <- down(act(gate(b.h)) * up(b.h))."""
+    def feed_forward(self, il: int, b: Buffers, x=None) -> None:
+        """b.o <- down(act(gate(x)) * up(x)) (x: b.h unless given)."""
         ops, w, p = self.ops, self.w, f"blk.{il}."
-        self.linear(b, w[p + "ffn_gate.weight"], b.h, b.gate)
-        self.linear(b, w[p + "ffn_up.weight"], b.h, b.up)
+        x = b.h if x is None else x
+        self.linear(b, w[p + "ffn_gate.weight"], x, b.gate)
+        self.linear(b, w[p + "ffn_up.weight"], x, b.up)
         ops.gated_act(b.gate, b.up, b.gate, self.ACTIVATION)
         self.linear(b, w[p + "ffn_down.weight"], b.gate, b.o)
 
@@ -220,6 +230,7 @@ class Decoder:
             logits = self._logits[rows.shape[0]] = self.ops.alloc((rows.shape[0], self.hp.n_vocab))
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
         self.ops.matmul(output, normed, logits)
+        self.finish_logits(logits)
         return self.ops.to_host(logits)
 
     def forward_batch(self, cache, layout, logit_rows: np.ndarray) -> np.ndarray:
@@ -249,6 +260,7 @@ class Decoder:
         self.ops.rms_norm(last, self.w["output_norm.weight"], self.hp.eps, normed)
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
         self.ops.matmul_rows(output, normed, logits)
+        self.finish_logits(logits)
         return self.ops.to_host(logits)
 
     @staticmethod

@@ -22,7 +22,7 @@ import localllm
 from localllm import quant
 from localllm.errors import ContextOverflow, LocalLLMError, TensorError, UnsupportedArchitecture
 from localllm.gguf import GGUFReader, GGUFWriter
-from localllm.model.archs import ARCHITECTURES
+from localllm.model.archs import ARCHITECTURES, architecture_class
 
 import reference_forward
 from tiny_models import write_tiny_model
@@ -133,7 +133,7 @@ def test_negative_control_wrong_rope_pairing_is_caught(tiny, arch):
     model = localllm.load(path, n_ctx=64, threads=2)
     ours = model.logits(PROMPT)
     right = reference_logits(path, PROMPT)
-    neox = arch in ("qwen2", "qwen3", "gemma3")
+    neox = architecture_class(arch).ROPE_NEOX
     wrong = reference_logits(path, PROMPT, neox_override=not neox)
     assert max_rel_error(ours, right) <= PREFILL_RTOL
     assert max_rel_error(ours, wrong) > 20 * PREFILL_RTOL

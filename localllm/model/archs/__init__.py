@@ -11,6 +11,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen2": ("qwen2", "Qwen2"),
     "qwen3": ("qwen3", "Qwen3"),
     "gemma3": ("gemma3", "Gemma3"),
+    "olmo2": ("olmo2", "Olmo2"),
+    "smollm3": ("smollm3", "SmolLM3"),
+    "granite": ("granite", "Granite"),
 }
 
 
