@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Gemma 3 270M file and llama.cpp's reference outputs.
+"""Shared fixtures: the real Gemma 3 270M file, llama.cpp's reference outputs, and llama.cpp's tokenizer
+test vocabularies.
 
 tests/data/reference/ is a copy of the team's shared/reference/ (llama.cpp's outputs on the Gemma model
 and its quantization of test vectors; its README says what each file holds), kept in the repository so
@@ -8,6 +9,11 @@ that a clean clone tests against the same facts.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 # OpenBLAS's kernels for the tests, chosen before NumPy loads it: the AVX2 (Haswell) ones unless the
@@ -42,3 +48,44 @@ def gemma_path() -> str:
     from localllm.hub.default_model import default_model_path
 
     return str(default_model_path())
+
+
+# llama.cpp's tokenizer test suite (models/ggml-vocab-*.gguf with .inp/.out cases, as its
+# tests/test-tokenizer-0.cpp reads them) travels in llama-cpp-python's sdist: 75 MB the repository does not carry.
+LLAMA_CPP_PYTHON = "0.3.36"
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_vocab_dir() -> Path:
+    """The folder of llama.cpp's ggml-vocab-* files: pip downloads the sdist on first use, and its vocab files
+    are extracted once into ~/.cache/localllm/test-data/ ($XDG_CACHE_HOME honoured), then reused."""
+    from localllm.host import user_cache_dir
+
+    root = user_cache_dir(os.environ) / "localllm" / "test-data" / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
+    models = root / "models"
+    if models.is_dir():
+        return models
+    root.mkdir(parents=True, exist_ok=True)
+    sdist = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
+    if not sdist.is_file():  # one left by an interrupted run is reused: pip writes it whole or not at all
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(root),
+                   f"llama-cpp-python=={LLAMA_CPP_PYTHON}"]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode or not sdist.is_file():
+            pytest.fail(f"could not download llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist (or put it at {sdist}):\n"
+                        + (done.stderr or done.stdout)[-2000:])
+    # Extracted beside the target and renamed into place, so that an interrupted run leaves no half folder.
+    tmp = Path(tempfile.mkdtemp(dir=root))
+    try:
+        with tarfile.open(sdist, "r|gz") as archive:
+            for member in archive:  # streamed: one pass over the archive
+                path = Path(member.name)
+                if member.isfile() and path.name.startswith("ggml-vocab-") and path.parent.as_posix().endswith(
+                        "/vendor/llama.cpp/models"):
+                    with archive.extractfile(member) as src, open(tmp / path.name, "wb") as dst:
+                        shutil.copyfileobj(src, dst)
+        tmp.rename(models)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    sdist.unlink()  # the vocab files are all the tests read
+    return models

@@ -1,4 +1,5 @@
-"""Tokenizers built from GGUF metadata: SentencePiece-style and byte-level BPE, plus a streaming decoder."""
+"""Tokenizers built from GGUF metadata: SentencePiece-style, BPE (byte-level and Gemma 4's) and WordPiece, plus a
+streaming decoder."""
 
 from .stream import StreamDecoder
 from .vocab import Tokenizer, TokenizerError

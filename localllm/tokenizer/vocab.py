@@ -1,10 +1,11 @@
 """The vocabulary from GGUF metadata and the `Tokenizer` the engine uses.
 
 Metadata read: tokenizer.ggml.{model, pre, tokens, scores, token_type, merges, bos/eos/unknown/padding/
-eot/eom_token_id, add_bos_token, add_eos_token, add_space_prefix}. Behaviour follows llama.cpp
-(llama-vocab.cpp): control, user-defined and unknown tokens are matched in the text first (longest first;
-control and unknown ones only when special tokens are parsed), then each remaining fragment is
-tokenized by the model (SentencePiece-style "llama" or byte-level BPE "gpt2").
+eot/eom/seperator_token_id, add_bos_token, add_eos_token, add_space_prefix, normalizer.lowercase,
+normalizer.strip_accents}. Behaviour follows llama.cpp (llama-vocab.cpp): control, user-defined and unknown
+tokens are matched in the text first (longest first; control and unknown ones only when special tokens are
+parsed), then each remaining fragment is tokenized by the model: SentencePiece-style "llama", byte-level BPE
+"gpt2", WordPiece "bert", or Gemma 4's BPE over SentencePiece-style pieces "gemma4".
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ import numpy as np
 
 from ..errors import LocalLLMError
 from ..gguf.metadata import Metadata
-from .bpe import CHAR_TO_BYTE, PRE_NAMES, BPEModel
+from .bpe import ADD_BOS, CHAR_TO_BYTE, PRE_NAMES, BPEModel
 from .spm import SPACE, spm_encode
+from .wpm import WPMModel
 
 # tokenizer.ggml.token_type values
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # Token texts llama.cpp treats as end of generation besides the EOS/EOT/EOM ids.
 EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
              "<|end_of_text|>", "<end_of_utterance>", "<|return|>", "<|call|>"}
-SUPPORTED_MODELS = ("llama", "gpt2")
+SUPPORTED_MODELS = ("llama", "gpt2", "bert", "gemma4")
+# Models whose pieces are SentencePiece-style: "▁" for a space, BYTE tokens written <0xXX>.
+_SPM_PIECES = ("llama", "bert", "gemma4")
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
@@ -35,7 +39,8 @@ class TokenizerError(LocalLLMError):
 class Tokenizer:
     def __init__(self, model: str, tokens: list[str], types: list[int], scores=None, merges=None, pre: Optional[str] = None,
                  bos_id=None, eos_id=None, unk_id=None, eot_id=None, eom_id=None,
-                 add_bos: Optional[bool] = None, add_eos: bool = False, add_space_prefix: Optional[bool] = None):
+                 add_bos: Optional[bool] = None, add_eos: bool = False, add_space_prefix: Optional[bool] = None,
+                 lowercase: bool = True, strip_accents: Optional[bool] = None):
         if model not in SUPPORTED_MODELS:
             raise TokenizerError(f"tokenizer model {model!r} is not supported (supported: {', '.join(SUPPORTED_MODELS)})")
         self.model, self.tokens, self.types, self.pre = model, tokens, types, pre
@@ -47,7 +52,7 @@ class Tokenizer:
         for name, value in (("bos", bos_id), ("eos", eos_id), ("unknown", unk_id), ("eot", eot_id), ("eom", eom_id)):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise TokenizerError(f"{name} token id {value} is outside the {self.vocab_size}-token vocabulary")
-        self.add_bos = (model == "llama") if add_bos is None else add_bos
+        self.add_bos = (model in ("llama", "bert")) if add_bos is None else add_bos
         self.add_eos = add_eos
         self.eog_ids = frozenset(
             {i for i in (eos_id, eot_id, eom_id) if i is not None}
@@ -59,21 +64,24 @@ class Tokenizer:
             key=lambda i: -len(tokens[i]),
         )
         self._pieces_cache: dict[int, bytes] = {}
+        self._bpe = self._wpm = None
+        self.add_space_prefix = False
         if model == "llama":
             self.scores = scores if scores is not None else [0.0] * self.vocab_size
             self.add_space_prefix = True if add_space_prefix is None else add_space_prefix
             self._byte_ids = [self.token_to_id.get(f"<0x{b:02X}>") for b in range(256)]
-            self._bpe = None
+        elif model == "bert":
+            self._wpm = WPMModel(self.token_to_id, unk_id, lowercase, strip_accents)
         else:
-            pre_set = PRE_NAMES.get(pre or "default")
-            if pre_set is None:
+            if model == "gemma4":
+                pre = "gemma4"  # llama.cpp sets it for this model, whatever the file says
+            if (pre or "default") not in PRE_NAMES:
                 raise TokenizerError(
                     f"BPE pre-tokenizer {pre!r} is not supported (supported: {', '.join(sorted(PRE_NAMES))})"
                 )
             if merges is None:
-                raise TokenizerError("a gpt2 (BPE) vocabulary needs tokenizer.ggml.merges")
-            self.add_space_prefix = False
-            self._bpe = BPEModel(self.token_to_id, list(merges), pre_set)
+                raise TokenizerError(f"a {model} (BPE) vocabulary needs tokenizer.ggml.merges")
+            self._bpe = BPEModel(self.token_to_id, list(merges), pre or "default")
 
     # -- construction ---------------------------------------------------------------------------------------
     @classmethod
@@ -113,16 +121,29 @@ class Tokenizer:
         def flag(key):
             return meta.get_bool(f"tokenizer.ggml.{key}", None)
 
-        pre = meta.get_str("tokenizer.ggml.pre", None)
+        pre = "gemma4" if model == "gemma4" else meta.get_str("tokenizer.ggml.pre", None)
         merges = meta.get_array("tokenizer.ggml.merges", "str", None)
-        add_bos = flag("add_bos_token")
-        if add_bos is None and model == "gpt2":
-            add_bos = PRE_NAMES.get(pre or "default") == "llama3"  # llama.cpp's default for Llama 3
+        add_bos, add_eos = flag("add_bos_token"), bool(flag("add_eos_token"))
+        if model in ("gpt2", "gemma4"):
+            if add_bos is None:
+                add_bos = pre in ADD_BOS  # llama.cpp's default: on for Llama 3
+            if PRE_NAMES.get(pre) == "gemma4":
+                add_bos = True  # llama.cpp overrides the file's false for Gemma 4 (its PR 21500)
+        bos_id, eos_id, unk_id = token_id("bos_token_id"), token_id("eos_token_id"), token_id("unknown_token_id")
+        if model == "bert":
+            # llama.cpp frames a BERT text as [CLS] ... [SEP] whenever it adds special tokens: CLS is its BOS
+            # (default id 101), SEP (tokenizer.ggml.seperator_token_id, sic; default 102) stands here as EOS.
+            bos_id = 101 if bos_id is None and n > 101 else bos_id
+            eos_id = token_id("seperator_token_id")
+            eos_id = 102 if eos_id is None and n > 102 else eos_id
+            unk_id = 100 if unk_id is None and n > 100 else unk_id
+            add_bos = add_eos = True
+        lowercase = flag("normalizer.lowercase")
         return cls(
             model, tokens, types, scores=scores, merges=merges, pre=pre,
-            bos_id=token_id("bos_token_id"), eos_id=token_id("eos_token_id"), unk_id=token_id("unknown_token_id"),
-            eot_id=token_id("eot_token_id"), eom_id=token_id("eom_token_id"),
-            add_bos=add_bos, add_eos=bool(flag("add_eos_token")), add_space_prefix=flag("add_space_prefix"),
+            bos_id=bos_id, eos_id=eos_id, unk_id=unk_id, eot_id=token_id("eot_token_id"), eom_id=token_id("eom_token_id"),
+            add_bos=add_bos, add_eos=add_eos, add_space_prefix=flag("add_space_prefix"),
+            lowercase=lowercase is not False, strip_accents=flag("normalizer.strip_accents"),
         )
 
     # -- encoding --------------------------------------------------------------------------------------------
@@ -142,6 +163,8 @@ class Tokenizer:
                 continue
             if self._bpe is not None:
                 out.extend(self._bpe.encode(fragment))
+            elif self._wpm is not None:
+                out.extend(self._wpm.encode(fragment))
             else:
                 if self.add_space_prefix and prev_special:
                     fragment = " " + fragment
@@ -184,13 +207,13 @@ class Tokenizer:
         kind = self.types[token_id]
         if kind == CONTROL:
             return self.tokens[token_id].encode("utf-8") if special else b""
-        if kind in (USER_DEFINED, UNKNOWN) and self.model == "gpt2" or kind == USER_DEFINED:
+        if kind == USER_DEFINED or kind == UNKNOWN and self.model != "llama":
             return self.tokens[token_id].encode("utf-8")
         cached = self._pieces_cache.get(token_id)
         if cached is not None:
             return cached
         text = self.tokens[token_id]
-        if self.model == "llama":
+        if self.model in _SPM_PIECES:
             if kind == BYTE:
                 piece = bytes([int(text[3:5], 16)])
             elif kind == UNKNOWN:

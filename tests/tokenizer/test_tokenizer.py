@@ -20,7 +20,7 @@ from tokenizers import AddedToken, Regex, Tokenizer as HFTokenizer, decoders, mo
 from conftest import REFERENCE_DIR
 from localllm.gguf import GGUFReader
 from localllm.tokenizer import StreamDecoder, Tokenizer, TokenizerError
-from localllm.tokenizer.bpe import BYTE_TO_CHAR
+from localllm.tokenizer.bpe import BYTE_TO_CHAR, PRE_NAMES
 
 TEXTS = [
     "The capital of France is Paris.",
@@ -148,6 +148,55 @@ def test_bad_vocabularies_are_refused():
         Tokenizer.from_metadata({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": ["a"], "tokenizer.ggml.merges": [], "tokenizer.ggml.pre": "nope"})
     with pytest.raises(TokenizerError, match="entries"):
         Tokenizer.from_metadata({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a", "b"], "tokenizer.ggml.scores": [0.0]})
+
+
+# Every `tokenizer.ggml.pre` value llama.cpp knows: the tokenizer_pre string comparisons in llama_vocab::impl::load,
+# src/llama-vocab.cpp of the llama.cpp that llama-cpp-python 0.3.36 vendors.
+LLAMA_CPP_PRE_NAMES = [
+    "a.x-4.0", "afmoe", "bailingmoe", "bailingmoe2", "bloom", "chameleon", "chatglm-bpe", "codeshell", "cohere2moe",
+    "command-r", "dbrx", "deepseek-coder", "deepseek-llm", "deepseek-r1-qwen", "deepseek-v3", "default", "exaone",
+    "exaone-moe", "exaone4", "f2llmv2", "falcon", "falcon-h1", "falcon3", "gemma4", "gigachat", "glm4", "glm5",
+    "gpt-2", "gpt-4o", "gpt3-finnish", "granite-docling", "granite-embed-multi-311m", "granite-embed-multi-97m",
+    "grok-2", "hunyuan", "hunyuan-dense", "hy_v4", "jais", "jais-2", "jina-de", "jina-es", "jina-v1-en",
+    "jina-v2-code", "jina-v2-de", "jina-v2-es", "jina-v5-nano", "joyai-llm", "kanana2", "kimi-k2", "kormo", "laguna",
+    "lfm2", "llada-moe", "llama-bpe", "llama-v3", "llama3", "llama4", "megrez", "mellum", "mellum2", "midm-2.0",
+    "minerva-7b", "minicpm5", "minimax-m2", "modern-bert", "mpt", "olmo", "phi-2", "pixtral", "poro-chat", "qwen2",
+    "qwen35", "refact", "roberta-bpe", "sarvam-moe", "seed-coder", "smaug-bpe", "smollm", "solar-open", "spark2_5",
+    "stablelm2", "starcoder", "superbpe", "talkie", "tekken", "tiny_aya", "trillion", "ufakzeka", "viking",
+    "whitespace", "youtu",
+]
+# ... and every `tokenizer.ggml.model` (the tokenizer_model comparisons there).
+LLAMA_CPP_MODELS = ["bert", "gemma4", "gpt2", "hybriddna", "llama", "no_vocab", "none", "plamo2", "rwkv", "t5", "test",
+                    "whitespace"]
+
+
+def test_every_llama_cpp_pre_tokenizer_is_supported_or_refused_clearly():
+    tokens = ["a", "b", "ab", " ", "Ġ", "▁", "<0x0A>", "\n"]
+    supported = []
+    for pre in LLAMA_CPP_PRE_NAMES:
+        meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": ["a b"],
+                "tokenizer.ggml.pre": pre}
+        try:
+            tok = Tokenizer.from_metadata(meta)
+        except TokenizerError as e:
+            assert f"pre-tokenizer {pre!r} is not supported" in str(e)
+            continue
+        supported.append(pre)
+        assert tok.encode("ab\nab", add_bos=False)[0] == 2  # each expression compiles and splits
+    assert set(PRE_NAMES) <= set(LLAMA_CPP_PRE_NAMES)  # no name of our own making
+    assert set(supported) == set(PRE_NAMES)
+
+
+@pytest.mark.parametrize("model", LLAMA_CPP_MODELS)
+def test_every_llama_cpp_tokenizer_model_is_supported_or_refused_clearly(model):
+    tokens = ["a", "b", "ab", "▁", "▁ab"]  # "▁": SentencePiece-style models write word starts with it
+    meta = {"tokenizer.ggml.model": model, "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.merges": ["a b", "▁ ab"]}
+    try:
+        tok = Tokenizer.from_metadata(meta)
+    except TokenizerError as e:
+        assert f"tokenizer model {model!r} is not supported" in str(e)
+        return
+    assert tok.decode(tok.encode("ab", add_bos=False, add_eos=False)).strip() == "ab"
 
 
 # -- byte-level BPE ------------------------------------------------------------------------------------------
