@@ -46,13 +46,16 @@ def rope(x, positions, n_rot, base, neox, freq_scale=1.0, factors=None):
     return x
 
 
-def attend(q, k, v, scale, window):
-    """q [T, Hq, D], k/v [T, Hkv, D]; causal, optional window; GQA by repeating kv heads."""
+def attend(q, k, v, scale, window, softcap=0.0):
+    """q [T, Hq, D], k/v [T, Hkv, D]; causal, optional window; GQA by repeating kv heads; scores
+    soft-capped to softcap * tanh(s / softcap) when softcap > 0."""
     t, hq, _ = q.shape
     group = hq // k.shape[1]
     k = np.repeat(k, group, axis=1)
     v = np.repeat(v, group, axis=1)
     scores = np.einsum("thd,shd->hts", q, k) * scale
+    if softcap:
+        scores = softcap * np.tanh(scores / softcap)
     pos = np.arange(t)
     allowed = pos[None, :] <= pos[:, None]
     if window:
@@ -84,10 +87,11 @@ def forward(reader, tokens, neox_override=None) -> np.ndarray:
     n_rot = md("rope.dimension_count", head_dim)
     eps = md("attention.layer_norm_rms_epsilon")
     base = md("rope.freq_base", 10000.0)
-    gemma = arch == "gemma3"
+    gemma = arch in ("gemma2", "gemma3")
+    gemma2 = arch == "gemma2"  # every other layer local (from layer 0), soft-capped scores and logits
     olmo2 = arch == "olmo2"  # norms after the sub-blocks instead of before; Q/K norms over whole rows
     granite = arch == "granite"
-    neox = arch in ("qwen2", "qwen3", "gemma3", "olmo2") if neox_override is None else neox_override
+    neox = arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2") if neox_override is None else neox_override
     embedding_scale = md("embedding_scale", 0.0) if granite else 0.0
     residual_scale = md("residual_scale", 0.0) if granite else 0.0
     kq_scale = (md("attention.scale", 0.0) if granite else 0.0) or 1.0 / math.sqrt(head_dim)
@@ -116,13 +120,16 @@ def forward(reader, tokens, neox_override=None) -> np.ndarray:
             q = rms_norm(q, w[p + "attn_q_norm.weight"], eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], eps)
         window, layer_base = 0, base
-        if gemma and (il + 1) % 6 != 0:  # Gemma 3: five sliding-window layers, then one global
+        if arch == "gemma3" and (il + 1) % 6 != 0:  # Gemma 3: five sliding-window layers, then one global
             window, layer_base = md("attention.sliding_window"), 10000.0
+        if gemma2 and il % 2 == 0:
+            window = md("attention.sliding_window")
         factors = w.get("rope_freqs.weight")
         if not (arch == "smollm3" and (il + 1) % 4 == 0):  # SmolLM3: no RoPE in every fourth layer
             q = rope(q, positions, n_rot, layer_base, neox, factors=factors)
             k = rope(k, positions, n_rot, layer_base, neox, factors=factors)
-        attn = attend(q, k, v, kq_scale, window).reshape(t, n_head * head_dim)
+        softcap = md("attn_logit_softcapping") if gemma2 else 0.0
+        attn = attend(q, k, v, kq_scale, window, softcap).reshape(t, n_head * head_dim)
         o = attn @ w[p + "attn_output.weight"].T
         if gemma or olmo2:
             o = rms_norm(o, w[p + "post_attention_norm.weight"], eps)
@@ -142,4 +149,7 @@ def forward(reader, tokens, neox_override=None) -> np.ndarray:
     logits = x @ out.T
     if granite:
         logits = logits / md("logit_scale")
+    if gemma2:
+        cap = md("final_logit_softcapping")
+        logits = cap * np.tanh(logits / cap)
     return logits

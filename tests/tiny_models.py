@@ -90,6 +90,10 @@ TINY_ARCHS = {
     # six layers: a global layer follows five sliding-window layers
     "gemma3": TinyArch(n_layer=6, rope_base=1000000.0, qk_norm="head", post_norms=True, embd_std=0.05,
                        metadata={"attention.sliding_window": WINDOW}),
+    # four layers: two local, two global; caps low enough to bend the tiny model's scores and logits
+    "gemma2": TinyArch(n_layer=4, post_norms=True, embd_std=0.05,
+                       metadata={"attention.sliding_window": WINDOW, "attn_logit_softcapping": 2.0,
+                                 "final_logit_softcapping": 3.0}),
     "olmo2": TinyArch(output=True, pre_norms=False, post_norms=True, qk_norm="full", rope_base=500000.0),
     # four layers: llama.cpp leaves RoPE out of every fourth
     "smollm3": TinyArch(n_layer=4, rope_base=5000000.0),

@@ -128,11 +128,12 @@ class Backend(ABC):
         """cache_k[start:start+T] = k[T, Hkv, D]; cache_v likewise."""
 
     @abstractmethod
-    def attention(self, q, cache_k, cache_v, start: int, scale: float, window: int, out) -> None:
+    def attention(self, q, cache_k, cache_v, start: int, scale: float, window: int, out, softcap: float = 0.0) -> None:
         """Causal attention of q[T, Hq, D] (positions start..start+T-1) over cache[0:start+T, Hkv, D].
 
         GQA: query head h reads kv head h // (Hq / Hkv). Query position p sees keys at positions j with
-        j <= p and p - j < window (window 0: unbounded). out[T, Hq, D].
+        j <= p and p - j < window (window 0: unbounded). Scores are scale * q.k, soft-capped to
+        softcap * tanh(score / softcap) when softcap > 0 (Gemma 2). out[T, Hq, D].
         """
 
     # -- paged KV cache (several sequences per step; see localllm/model/kv_paged.py) ------------------
@@ -141,11 +142,12 @@ class Backend(ABC):
         """cache_k[NB, BS, Hkv, D] viewed as [NB*BS, Hkv, D]: row slots[t] = k[t]; cache_v likewise."""
 
     @abstractmethod
-    def attention_paged(self, q, cache_k, cache_v, layout, scale: float, window: int, out) -> None:
+    def attention_paged(self, q, cache_k, cache_v, layout, scale: float, window: int, out, softcap: float = 0.0) -> None:
         """Causal attention of each row t of q[T, Hq, D] (sequence layout.row_seq[t], position
         layout.positions[t]) over that sequence's keys 0..positions[t], read through its block table
         layout.tables[s] from cache[NB, BS, Hkv, D]. Same masking and GQA as `attention`; each
-        sequence's rows give exactly what `attention` gives for them on a contiguous cache. out[T, Hq, D]."""
+        sequence's rows give exactly what `attention` gives for them on a contiguous cache (soft-capping
+        as there). out[T, Hq, D]."""
 
     @abstractmethod
     def gated_act(self, gate, up, out, kind: str) -> None:
@@ -158,3 +160,7 @@ class Backend(ABC):
     @abstractmethod
     def scale(self, x, factor: float, out) -> None:
         """out = x * factor."""
+
+    @abstractmethod
+    def softcap(self, x, cap: float, out) -> None:
+        """out = cap * tanh(x / cap) (Gemma 2's soft-capping of the logits)."""

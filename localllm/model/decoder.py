@@ -59,8 +59,22 @@ class KVCache:
     def store(self, ops: Backend, il: int, k, v, start: int) -> None:
         ops.kv_store(self.k[il], self.v[il], k, v, start)
 
-    def attend(self, ops: Backend, il: int, q, start: int, scale: float, window: int, out) -> None:
-        ops.attention(q, self.k[il], self.v[il], start, scale, window, out)
+    def attend(self, ops: Backend, il: int, q, start: int, scale: float, window: int, out, softcap: float = 0.0) -> None:
+        ops.attention(q, self.k[il], self.v[il], start, scale, window, out, softcap)
+
+
+def sliding_window_layers(reader, n_layer: int, period: int) -> list[bool]:
+    """Which layers attend through the sliding window, as llama.cpp decides (llama_hparams::set_swa_pattern):
+    `<arch>.attention.sliding_window_pattern` as one flag per layer, or as a period n (its absence:
+    the architecture's `period`): layer il is local unless il % n == n - 1 (n = 0: every layer local)."""
+    key = reader.arch_key("attention.sliding_window_pattern")
+    value = reader.metadata.get(key)
+    if isinstance(value, np.ndarray) and value.dtype == bool:
+        if len(value) != n_layer:
+            reader.metadata.fail(key, f"has {len(value)} entries, expected one per layer ({n_layer})")
+        return [bool(v) for v in value]
+    n = reader.metadata.get_int(key, period, min=0, max=n_layer + 1)
+    return [n == 0 or il % n < n - 1 for il in range(n_layer)]
 
 
 class Decoder:
@@ -98,6 +112,10 @@ class Decoder:
 
     def attention_scale(self) -> float:
         return 1.0 / math.sqrt(self.hp.head_dim)
+
+    def attention_softcap(self) -> float:
+        """The attention scores' soft cap (0: none; see Backend.attention)."""
+        return 0.0
 
     def finish_logits(self, logits) -> None:
         """Transform the output projection's logits [rows, vocab] in place (scaling, soft-capping)."""
@@ -170,7 +188,7 @@ class Decoder:
             ops.rope(b.q, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
             ops.rope(b.k, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
         cache.store(ops, il, b.k, b.v, start)
-        cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn)
+        cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn, self.attention_softcap())
         self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
 
     def feed_forward(self, il: int, b: Buffers, x=None) -> None:

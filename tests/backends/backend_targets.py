@@ -34,6 +34,7 @@ class AttentionCase:
     n_head: int
     n_kv: int
     head_dim: int
+    softcap: float = 0.0  # Gemma 2's soft cap of the scores (0: none); 0.8 bends scores of N(0, 1)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ ATTENTION_SMALL = (
     AttentionCase("window", 3, 6, 4, 4, 2, 16),  # sliding window of 4 over a cache past it
     AttentionCase("window-prefill", 9, 0, 4, 4, 1, 16),
     AttentionCase("mha", 2, 3, 0, 2, 2, 16),  # one query head per kv head
+    AttentionCase("softcap", 3, 6, 4, 4, 2, 16, softcap=0.8),
 )
 
 # The CPU backend's paths, by size (today's thresholds; test_cpu_profile_crosses_the_cpu_thresholds
@@ -85,6 +87,8 @@ FULL = Profile(
         AttentionCase("decode-parallel", 3, 200, 0, 8, 2, 64),  # 3*8*203*64 work > 2^18
         AttentionCase("blas-prefill", 70, 0, 0, 4, 1, 32),  # two query blocks
         AttentionCase("blas-window", 40, 10, 5, 4, 2, 32),
+        AttentionCase("softcap-parallel", 3, 200, 0, 8, 2, 64, softcap=0.8),
+        AttentionCase("softcap-blas", 40, 10, 5, 4, 2, 32, softcap=0.8),
     ),
     kv_rows=(1, 40),
     kv_head_dim=64,

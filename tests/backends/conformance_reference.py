@@ -183,7 +183,7 @@ def visible_keys(position: int, window: int) -> np.ndarray:
     return np.arange(first, position + 1)
 
 
-def attend_reference(q, keys, values, scale):
+def attend_reference(q, keys, values, scale, softcap=0.0):
     """One query row q float64[D] over keys, values float64[n, D]: (out[D], bound[D]).
 
     Bound: a float32 score s_j = scale * q.k_j is off by at most delta_j = (D + 2) U scale sum|q k_j|;
@@ -192,17 +192,22 @@ def attend_reference(q, keys, values, scale):
     2 eta of itself (first order: its own exponent and the normaliser's), plus the float32 exp (8U
     allowed: a polynomial exp within a few ulp), the n-term normalising sum and its division ((n + 2)U);
     the weighted sum of the values adds n U of sum p_j |v_j|. Together, per output dim d:
-    sum_j p_j |v_jd| * (2 eta + (2n + 16) U)."""
+    sum_j p_j |v_jd| * (2 eta + (2n + 16) U).
+    Soft-capping (softcap > 0: s -> softcap tanh(s / softcap)) does not widen delta (tanh's slope is at
+    most 1) and adds its own rounding: the division, tanh (4U allowed) and the product, 8U of softcap."""
     d = q.shape[0]
     s = keys @ q * scale
     delta = (d + 2) * U * scale * (np.abs(keys) @ np.abs(q))
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+        delta = delta + 8 * U * softcap
     eta = np.max(delta + delta.max() + U * np.abs(s - s.max()))
     p = np.exp(s - s.max())
     p /= p.sum()
     return p @ values, (p @ np.abs(values)) * (2 * eta + (2 * len(s) + 16) * U)
 
 
-def attention_reference(q, cache_k, cache_v, positions, scale, window):
+def attention_reference(q, cache_k, cache_v, positions, scale, window, softcap=0.0):
     """q float32[T, Hq, D], row t at positions[t], over float16 caches [n, Hkv, D] (GQA: query head h
     reads kv head h // (Hq / Hkv)): (reference, bound) float64[T, Hq, D]."""
     n_tok, n_head, _ = q.shape
@@ -212,7 +217,8 @@ def attention_reference(q, cache_k, cache_v, positions, scale, window):
     for t in range(n_tok):
         keys = visible_keys(int(positions[t]), window)
         for h in range(n_head):
-            ref[t, h], bound[t, h] = attend_reference(q64[t, h], k64[keys, h // group], v64[keys, h // group], scale)
+            ref[t, h], bound[t, h] = attend_reference(q64[t, h], k64[keys, h // group], v64[keys, h // group], scale,
+                                                      softcap)
     return ref, bound
 
 

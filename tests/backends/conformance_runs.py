@@ -95,11 +95,11 @@ def rope(backend, x, positions, n_rot, base, neox, factors, freq_scale):
     return backend.to_host(buffer).copy()
 
 
-def attention(backend, q, cache_k, cache_v, start, scale, window):
+def attention(backend, q, cache_k, cache_v, start, scale, window, softcap=0.0):
     """q float32[T, Hq, D] over the float16 caches [n_ctx, Hkv, D]: float32[T, Hq, D]."""
     out = backend.alloc(q.shape)
     backend.attention(to_backend(backend, q), to_backend(backend, cache_k), to_backend(backend, cache_v),
-                      start, scale, window, out)
+                      start, scale, window, out, softcap)
     return backend.to_host(out).copy()
 
 
@@ -111,18 +111,19 @@ def kv_store(backend, k, v, n_ctx, start):
     return {"k": backend.to_host(cache_k).copy(), "v": backend.to_host(cache_v).copy()}
 
 
-def paged(backend, q, k, v, cache_k, cache_v, layout, scale, window, contiguous):
+def paged(backend, q, k, v, cache_k, cache_v, layout, scale, window, contiguous, softcap=0.0):
     """kv_store_paged of k, v float32[T, Hkv, D] into the paged caches float16[NB, BS, Hkv, D] at
     layout.slots, then attention_paged of q float32[T, Hq, D]; and, for each sequence s, `attention` of its
     rows on the contiguous cache contiguous[s] (float16[n, Hkv, D]: its keys in position order)."""
     dev_k, dev_v = to_backend(backend, cache_k), to_backend(backend, cache_v)
     backend.kv_store_paged(dev_k, dev_v, to_backend(backend, k), to_backend(backend, v), layout.slots)
     out = backend.alloc(q.shape)
-    backend.attention_paged(to_backend(backend, q), dev_k, dev_v, layout, scale, window, out)
+    backend.attention_paged(to_backend(backend, q), dev_k, dev_v, layout, scale, window, out, softcap)
     alone = []
     for s, (keys, values) in enumerate(contiguous):
         first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
-        alone.append(attention(backend, q[first : first + n], keys, values, int(layout.seq_start[s]), scale, window))
+        alone.append(attention(backend, q[first : first + n], keys, values, int(layout.seq_start[s]), scale, window,
+                               softcap))
     return {"k": backend.to_host(dev_k).copy(), "v": backend.to_host(dev_v).copy(),
             "out": backend.to_host(out).copy(), "alone": np.concatenate(alone)}
 
@@ -149,5 +150,11 @@ def scale(backend, x, factor):
     return backend.to_host(out).copy()
 
 
+def softcap(backend, x, cap):
+    out = backend.alloc(x.shape)
+    backend.softcap(to_backend(backend, x), cap, out)
+    return backend.to_host(out).copy()
+
+
 RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, take_rows, embed, rms_norm, rope, attention,
-                                 kv_store, paged, gated_act, add, scale)}
+                                 kv_store, paged, gated_act, add, scale, softcap)}

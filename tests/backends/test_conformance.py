@@ -23,6 +23,7 @@ import pytest
 
 from backend_targets import Targets, profile_of
 from conformance_reference import (
+    U,
     attention_reference,
     dequantized,
     gated_act_reference,
@@ -308,9 +309,14 @@ def attention_inputs(rng, case):
 def test_attention(targets, backend_name, case):
     q, k, v = attention_inputs(rng_for("attention", backend_name, case.name), case)
     scale = case.head_dim**-0.5
-    got = targets[backend_name].run("attention", q=q, cache_k=k, cache_v=v, start=case.start, scale=scale, window=case.window)
+    got = targets[backend_name].run("attention", q=q, cache_k=k, cache_v=v, start=case.start, scale=scale,
+                                    window=case.window, softcap=case.softcap)
     positions = case.start + np.arange(case.n_tokens)
-    assert_within(got, *attention_reference(q, k, v, positions, scale, case.window), f"{backend_name} attention {case}")
+    assert_within(got, *attention_reference(q, k, v, positions, scale, case.window, case.softcap),
+                  f"{backend_name} attention {case}")
+    if case.softcap:  # the cap changes the result: without it the reference is outside the bound
+        plain, _ = attention_reference(q, k, v, positions, scale, case.window)
+        assert np.abs(plain - got).max() > 1e-2
 
 
 def paged_layout(rng, sequences, block_size):
@@ -332,9 +338,10 @@ def paged_layout(rng, sequences, block_size):
                        block_size=block_size), len(blocks)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 0.8], ids=["", "softcap"])
 @pytest.mark.parametrize("window", [0, 3], ids=["causal", "window"])
 @pytest.mark.parametrize("backend_name", BACKEND_NAMES)
-def test_paged_store_and_attention(targets, backend_name, window):
+def test_paged_store_and_attention(targets, backend_name, window, softcap):
     """Sequences over shuffled blocks of 4 positions (a decode row, a short chunk, and on the CPU a chunk
     long enough for BLAS): the store puts each row at its slot (NumPy's float16 rounding, nothing else
     touched); each row's attention is within the bound of the reference over its sequence's keys, and
@@ -355,12 +362,12 @@ def test_paged_store_and_attention(targets, backend_name, window):
         slots = layout.tables[s, positions // block_size] * block_size + positions % block_size
         contiguous.append((want_k.reshape(-1, n_kv, head_dim)[slots], want_v.reshape(-1, n_kv, head_dim)[slots]))
     got = targets[backend_name].run("paged", q=q, k=k, v=v, cache_k=cache_k, cache_v=cache_v, layout=layout,
-                                    scale=0.3, window=window, contiguous=contiguous)
+                                    scale=0.3, window=window, contiguous=contiguous, softcap=softcap)
     assert_bits_equal(got["k"], want_k, f"{backend_name} kv_store_paged k")
     assert_bits_equal(got["v"], want_v, f"{backend_name} kv_store_paged v")
     for s, (keys, values) in enumerate(contiguous):
         rows = slice(layout.seq_first[s], layout.seq_first[s] + layout.seq_rows[s])
-        ref, bound = attention_reference(q[rows], keys, values, layout.positions[rows], 0.3, window)
+        ref, bound = attention_reference(q[rows], keys, values, layout.positions[rows], 0.3, window, softcap)
         assert_within(got["out"][rows], ref, bound, f"{backend_name} attention_paged sequence {s}")
     assert_bits_equal(got["out"], got["alone"], f"{backend_name} attention_paged against attention")
 
@@ -406,6 +413,19 @@ def test_scale_is_float32_multiplication(targets, backend_name, factor):
     assert_bits_equal(got, x * np.float32(factor), f"{backend_name} scale")
 
 
+@pytest.mark.parametrize("backend_name", BACKEND_NAMES)
+def test_softcap_is_tanh_within_a_few_ulp(targets, backend_name):
+    """cap * tanh(x / cap) for x from 0 to far past the cap (both signs, zero, and values where tanh is
+    1 in float32): within 8 float32 ulps of cap (a division or product, tanh, a product) of float64."""
+    x = rng_for("softcap", backend_name).normal(0, 40, (7, 40)).astype(np.float32)
+    x[0, :6] = [0.0, -0.0, 1e-30, 1e4, -1e4, 29.99]
+    cap = 30.0
+    got = targets[backend_name].run("softcap", x=x, cap=cap)
+    want = cap * np.tanh(x.astype(np.float64) / cap)
+    assert np.abs(got - want).max() <= 8 * U * cap
+    assert np.abs(got).max() <= cap
+
+
 # ----- what the suite covers ----------------------------------------------------------------------------------
 
 # Each op of the interface -> the run (conformance_runs.RUNS) that calls it; the interface's other methods
@@ -413,7 +433,7 @@ def test_scale_is_float32_multiplication(targets, backend_name, factor):
 OPS_RUN_BY = {"matmul": "matmul", "matmul_rows": "matmul_rows", "matmul_segments": "matmul_segments",
               "take_rows": "take_rows", "embed": "embed", "rms_norm": "rms_norm", "rope": "rope",
               "kv_store": "kv_store", "attention": "attention", "kv_store_paged": "paged", "attention_paged": "paged",
-              "gated_act": "gated_act", "add": "add", "scale": "scale"}
+              "gated_act": "gated_act", "add": "add", "scale": "scale", "softcap": "softcap"}
 NOT_OPS = {"plan_memory", "prepare_kernels", "wait_for_kernels", "supports", "upload", "alloc", "to_host",
            "begin_step", "end_step"}
 

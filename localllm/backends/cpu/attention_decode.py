@@ -64,6 +64,14 @@ def _softmax_in_place(row, first, pos, best):
 
 
 @_ordered
+def _capped(s, softcap):
+    """softcap * tanh(s / softcap) when softcap > 0 (as llama.cpp: a scale, tanh, a scale), else s."""
+    if softcap > 0:
+        return softcap * np.float32(math.tanh(s * (np.float32(1.0) / softcap)))
+    return s
+
+
+@_ordered
 def _block_span(b, block_size, first, pos):
     """The slots of cache block b (positions b*BS..) that positions first..pos cover: (first slot, end)."""
     return max(first - b * block_size, 0), min(pos - b * block_size + 1, block_size)
@@ -79,16 +87,17 @@ def _block_span(b, block_size, first, pos):
 # has no tail loops (empty ones inside its loop over positions made it 2x slower); other sizes go
 # through _attend.
 @_ordered
-def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, row, dst):
-    """dst = softmax(scale * K[first..pos] . qv) @ V[first..pos] for one head, position j of the cache
-    in block table[j // BS], slot j % BS (cache float16 bits [NB, BS, Hkv, D]); row: scores scratch."""
+def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, softcap, row, dst):
+    """dst = softmax(cap(scale * K[first..pos] . qv)) @ V[first..pos] for one head, position j of the cache
+    in block table[j // BS], slot j % BS (cache float16 bits [NB, BS, Hkv, D]); row: scores scratch.
+    cap(s) = softcap * tanh(s / softcap) when softcap > 0 (Gemma 2's soft-capping), else s."""
     block_size = cache_k.shape[1]
     best = -np.inf
     for b in range(first // block_size, pos // block_size + 1):
         keys, base = cache_k[table[b]], b * block_size
         lo, hi = _block_span(b, block_size, first, pos)
         for slot in range(lo, hi):
-            s = _dot_f16(qv, keys[slot, kvh]) * scale
+            s = _capped(_dot_f16(qv, keys[slot, kvh]) * scale, softcap)
             row[base + slot] = s
             if s > best:
                 best = s
@@ -109,7 +118,7 @@ PREFETCH_ROWS = 8
 
 
 @_ordered
-def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale):
+def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale, softcap):
     """_attend for heads h..h+3 of one query row (q, out [Hq, D]; scores [Hq, n_keys]), which share key
     head kvh; the head size a multiple of DOT_LANES."""
     block_size = cache_k.shape[1]
@@ -126,6 +135,8 @@ def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale)
                 prefetch_lines(keys[slot + PREFETCH_ROWS, kvh], row_bytes)
             s0, s1, s2, s3 = dot4_f32_f16_lanes(q0, q1, q2, q3, keys[slot, kvh], n)
             s0, s1, s2, s3 = s0 * scale, s1 * scale, s2 * scale, s3 * scale
+            if softcap > 0:
+                s0, s1, s2, s3 = _capped(s0, softcap), _capped(s1, softcap), _capped(s2, softcap), _capped(s3, softcap)
             j = base + slot
             r0[j], r1[j], r2[j], r3[j] = s0, s1, s2, s3
             if s0 > b0:
@@ -156,15 +167,15 @@ def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale)
 
 
 @_ordered
-def _attend_heads(q, scores, out, h, n, cache_k, cache_v, table, kvh, first, pos, scale):
+def _attend_heads(q, scores, out, h, n, cache_k, cache_v, table, kvh, first, pos, scale, softcap):
     """_attend for heads h..h+n-1 of one query row (sharing key head kvh): four at a time, then singly
     (all singly when the head size is not a multiple of DOT_LANES)."""
     end = h + n
     while h + 4 <= end and q.shape[1] % DOT_LANES == 0:
-        _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale)
+        _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale, softcap)
         h += 4
     while h < end:
-        _attend(q[h], cache_k, cache_v, table, kvh, first, pos, scale, scores[h], out[h])
+        _attend(q[h], cache_k, cache_v, table, kvh, first, pos, scale, softcap, scores[h], out[h])
         h += 1
 
 
@@ -198,39 +209,40 @@ def _job_heads(job, n_head, n_head_kv, heads_per_job):
 
 
 @cached_kernel(nogil=True, fastmath=False, error_model="numpy")
-def _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, heads_per_job, job):
+def _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, window, out, scores, heads_per_job, job):
     """Job `job` of `attention` (see _job_heads), over the contiguous cache seen as block 0 of a paged one."""
     n_head = q.shape[1]
     t, kvh, h, n = _job_heads(job, n_head, blocks_k.shape[2], heads_per_job)
     pos = start + t
     _attend_heads(q[t], scores[t * n_head : (t + 1) * n_head], out[t], h, n, blocks_k, blocks_v, one_block, kvh,
-                  _first_key(pos, window), pos, scale)
+                  _first_key(pos, window), pos, scale, softcap)
 
 
 @cached_kernel(nogil=True, parallel=True, fastmath=False, error_model="numpy")
-def attention(q, cache_k, cache_v, start, scale, window, out, scores, heads_per_job):
-    """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D];
+def attention(q, cache_k, cache_v, start, scale, softcap, window, out, scores, heads_per_job):
+    """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D]; softcap:
+    0, or the scores' soft cap (see _attend);
     scores float32[T*Hq, n_keys] scratch with n_keys >= start+T; heads_per_job: see attention_jobs
     (the results do not depend on it)."""
     one_block = np.zeros(1, dtype=np.int32)  # the whole cache as block 0 of a paged one
     blocks_k = cache_k.reshape((1,) + cache_k.shape)
     blocks_v = cache_v.reshape((1,) + cache_v.shape)
     for job in prange(attention_jobs(q.shape[0], q.shape[1], cache_k.shape[1], heads_per_job)):
-        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, heads_per_job, job)
+        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, window, out, scores, heads_per_job, job)
 
 
 @cached_kernel(nogil=True, fastmath=False, error_model="numpy")
-def attention_serial(q, cache_k, cache_v, start, scale, window, out, scores, heads_per_job):
+def attention_serial(q, cache_k, cache_v, start, scale, softcap, window, out, scores, heads_per_job):
     """`attention` on the calling thread (see rms_norm_serial)."""
     one_block = np.zeros(1, dtype=np.int32)
     blocks_k = cache_k.reshape((1,) + cache_k.shape)
     blocks_v = cache_v.reshape((1,) + cache_v.shape)
     for job in range(attention_jobs(q.shape[0], q.shape[1], cache_k.shape[1], heads_per_job)):
-        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, window, out, scores, heads_per_job, job)
+        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, window, out, scores, heads_per_job, job)
 
 
 @_ordered
-def attention_by_head(q, cache_k, cache_v, start, scale, window, out, scores):
+def attention_by_head(q, cache_k, cache_v, start, scale, softcap, window, out, scores):
     """`attention` on the calling thread, every query head through _attend alone: the same bits per
     head, and a third of the compile time of attention_serial (the cold start's basic tier, tiers.py)."""
     one_block = np.zeros(1, dtype=np.int32)
@@ -242,11 +254,13 @@ def attention_by_head(q, cache_k, cache_v, start, scale, window, out, scores):
         pos = start + t
         first = _first_key(pos, window)
         for h in range(n_head):
-            _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, first, pos, scale, scores[t * n_head + h], out[t, h])
+            _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, first, pos, scale, softcap,
+                    scores[t * n_head + h], out[t, h])
 
 
 @cached_kernel(nogil=True, parallel=True, fastmath=False, error_model="numpy")
-def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, window, out, scores, heads_per_job):
+def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, softcap, window, out, scores,
+                    heads_per_job):
     """The `attention` kernel over a paged cache, for the rows listed in `rows` only.
 
     q float32[T, Hq, D]; cache float16 bits uint16[NB, BS, Hkv, D]; tables int32[S, max_blocks];
@@ -259,4 +273,4 @@ def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale
         t = rows[r]
         pos = positions[t]
         _attend_heads(q[t], scores[r * n_head : (r + 1) * n_head], out[t], h, n, cache_k, cache_v, tables[row_seq[t]],
-                      kvh, _first_key(pos, window), pos, scale)
+                      kvh, _first_key(pos, window), pos, scale, softcap)

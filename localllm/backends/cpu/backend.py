@@ -256,10 +256,10 @@ class CPUBackend(Backend):
         for src, cache in ((k, cache_k), (v, cache_v)):
             kernels.store_f16_block(src.reshape(n, *cache.shape[1:]), cache.view(np.uint16), start)
 
-    def attention(self, q, cache_k, cache_v, start, scale, window, out) -> None:
+    def attention(self, q, cache_k, cache_v, start, scale, window, out, softcap=0.0) -> None:
         n_tokens, n_head, _ = q.shape
         if n_tokens >= BLAS_MIN_ROWS:  # prefill: matrix products through BLAS
-            self._blas_attention(q, cache_k, cache_v, start, scale, window, out)
+            self._blas_attention(q, cache_k, cache_v, start, scale, window, out, softcap)
             return
         needed = n_tokens * n_head * (start + n_tokens)
         # work: scores times head_dim (Gemma 3 270M: one thread up to 256 cached positions)
@@ -269,11 +269,12 @@ class CPUBackend(Backend):
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
         if self.basic_tier:
             attention_decode.attention_by_head(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start,
-                                               np.float32(scale), int(window), out, scores)
+                                               np.float32(scale), np.float32(softcap), int(window), out, scores)
             return
         kernel = attention_decode.attention if parallel else attention_decode.attention_serial
         heads_per_job = self._heads_per_job(n_tokens, n_head, cache_k.shape[1], parallel)
-        kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), int(window), out, scores,
+        kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), np.float32(softcap), int(window),
+               out, scores,
                heads_per_job)
 
     def _heads_per_job(self, n_rows: int, n_head: int, n_head_kv: int, parallel: bool) -> int:
@@ -291,7 +292,7 @@ class CPUBackend(Backend):
         kernels.store_f16_rows(k, flat_k.view(np.uint16), slots)  # rounded to float16 as kv_store rounds
         kernels.store_f16_rows(v, flat_v.view(np.uint16), slots)
 
-    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out) -> None:
+    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out, softcap=0.0) -> None:
         """A sequence with BLAS_MIN_ROWS rows or more in this step (a prefill chunk) goes through BLAS
         on a contiguous copy of its keys, as `attention` sends such a batch; all other rows (decode rows,
         short chunks) through one Numba kernel call."""
@@ -302,7 +303,7 @@ class CPUBackend(Backend):
         for s in range(layout.seq_rows.shape[0]):
             first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
             if n >= BLAS_MIN_ROWS:
-                self._paged_blas(q, cache_k, cache_v, layout, s, scale, window, out)
+                self._paged_blas(q, cache_k, cache_v, layout, s, scale, window, out, softcap)
                 continue
             for row in range(first, first + n):
                 kernel_rows[n_kernel] = row
@@ -318,17 +319,17 @@ class CPUBackend(Backend):
         scores = self._scores[:needed].reshape(n_kernel * n_head, n_keys)
         attention_decode.attention_paged(
             q, cache_k.view(np.uint16), cache_v.view(np.uint16), layout.tables, layout.row_seq,
-            layout.positions, kernel_rows[:n_kernel], np.float32(scale), int(window), out, scores,
+            layout.positions, kernel_rows[:n_kernel], np.float32(scale), np.float32(softcap), int(window), out, scores,
             self._heads_per_job(n_kernel, n_head, cache_k.shape[2], True),
         )
 
-    def _paged_blas(self, q, cache_k, cache_v, layout, s, scale, window, out) -> None:
+    def _paged_blas(self, q, cache_k, cache_v, layout, s, scale, window, out, softcap) -> None:
         first, n, start = int(layout.seq_first[s]), int(layout.seq_rows[s]), int(layout.seq_start[s])
         n_blocks = -(-(start + n) // cache_k.shape[1])
         table = layout.tables[s, :n_blocks]
         keys = cache_k[table].reshape(-1, *cache_k.shape[2:])  # contiguous float16 copies [n_blocks*BS, Hkv, D]
         values = cache_v[table].reshape(-1, *cache_v.shape[2:])
-        self._blas_attention(q[first : first + n], keys, values, start, scale, window, out[first : first + n])
+        self._blas_attention(q[first : first + n], keys, values, start, scale, window, out[first : first + n], softcap)
 
     def gated_act(self, gate, up, out, kind) -> None:
         if kind not in ("silu", "gelu_tanh"):
@@ -343,3 +344,8 @@ class CPUBackend(Backend):
 
     def scale(self, x, factor, out) -> None:
         np.multiply(x, np.float32(factor), out=out)
+
+    def softcap(self, x, cap, out) -> None:
+        np.multiply(x, np.float32(1.0) / np.float32(cap), out=out)  # llama.cpp's order: scale, tanh, scale
+        np.tanh(out, out=out)
+        out *= np.float32(cap)

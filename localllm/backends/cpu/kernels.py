@@ -309,13 +309,13 @@ def _sum_by_eights(x):
 
 
 @fast_kernel
-def masked_softmax_rows(scores, first_pos, group, key0, scale, window):
+def masked_softmax_rows(scores, first_pos, group, key0, scale, softcap, window):
     """Softmax, in place, of a block of raw scores (q . k) for prefill attention through BLAS.
 
     scores float32[R, n]: row r is query position first_pos + r // group (the `group` query heads of
     one KV head, position-major) against keys key0 .. key0 + n - 1. Each row becomes
     softmax(scale * row) over the keys that position sees (causal, and within `window` when > 0) and
-    0 elsewhere. Every row must see its own position: key0 <= first_pos and key0 + n > the last row's.
+    0 elsewhere; with softcap > 0, softmax(softcap * tanh(scale * row / softcap)) (Gemma 2). Every row must see its own position: key0 <= first_pos and key0 + n > the last row's.
 
     Serial on purpose: it runs between BLAS calls, whose workers spin for the cores meanwhile. Measured
     (Gemma 3 270M shapes, T 512, 2 BLAS threads, medians of 15 passes alternating): 70 ms per pass with
@@ -333,12 +333,17 @@ def masked_softmax_rows(scores, first_pos, group, key0, scale, window):
         row[:lo] = 0.0
         row[hi:] = 0.0
         seen = row[lo:hi]  # indices from 0: no negative-index wrap-around checks in the loops
+        row_scale = scale
+        if softcap > 0:
+            for j in range(seen.shape[0]):
+                seen[j] = softcap * np.float32(math.tanh(seen[j] * scale * (np.float32(1.0) / softcap)))
+            row_scale = np.float32(1.0)
         best = seen[0]
         for j in range(1, seen.shape[0]):
             best = max(best, seen[j])
-        best *= scale
+        best *= row_scale
         for j in range(seen.shape[0]):
-            seen[j] = _exp_nonpositive(seen[j] * scale - best)
+            seen[j] = _exp_nonpositive(seen[j] * row_scale - best)
         inv = _divide(np.float32(1.0), _sum_by_eights(seen))
         for j in range(seen.shape[0]):
             seen[j] *= inv

@@ -253,7 +253,7 @@ class CUDABackend(Backend):
             self._scores = self.cuda.device_array(rows * n_keys, dtype=np.float32)
         return self._scores[: rows * n_keys].reshape(rows, n_keys)
 
-    def attention(self, q, cache_k, cache_v, start, scale, window, out) -> None:
+    def attention(self, q, cache_k, cache_v, start, scale, window, out, softcap=0.0) -> None:
         n_tokens, n_head, head_dim = q.shape
         if head_dim > MAX_HEAD_DIM:
             raise LocalLLMError(f"head dimension {head_dim} exceeds the CUDA kernels' {MAX_HEAD_DIM}")
@@ -265,7 +265,8 @@ class CUDABackend(Backend):
             rows = min(chunk, n_tokens - t0)
             scores = self._scores_buffer(rows * n_head, n_keys)
             self._k.attention[rows * n_head, self.launch.threads](
-                q, keys, values, self._zero_table, int(start), t0, np.float32(scale), int(window), out, scores
+                q, keys, values, self._zero_table, int(start), t0, np.float32(scale), np.float32(softcap), int(window), out,
+                scores,
             )
 
     def kv_store_paged(self, cache_k, cache_v, k, v, slots) -> None:
@@ -275,14 +276,14 @@ class CUDABackend(Backend):
         self._k.kv_store[grid](cache_k.view(np.uint16).reshape(*flat), k, slots)
         self._k.kv_store[grid](cache_v.view(np.uint16).reshape(*flat), v, slots)
 
-    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out) -> None:
+    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out, softcap=0.0) -> None:
         n_tokens, n_head, _ = q.shape
         positions = np.asarray(layout.positions[:n_tokens])
         scores = self._scores_buffer(n_tokens * n_head, int(positions.max()) + 1)
         self._k.attention_paged[n_tokens * n_head, self.launch.threads](
             q, cache_k.view(np.uint16), cache_v.view(np.uint16), self._ints(layout.tables),
             self._ints(np.asarray(layout.row_seq)[:n_tokens]), self._ints(positions),
-            np.float32(scale), int(window), out, scores,
+            np.float32(scale), np.float32(softcap), int(window), out, scores,
         )
 
     def gated_act(self, gate, up, out, kind) -> None:
@@ -295,6 +296,9 @@ class CUDABackend(Backend):
 
     def scale(self, x, factor, out) -> None:
         self._k.scale[self._grid(x.size)](_rows(x), np.float32(factor), _rows(out))
+
+    def softcap(self, x, cap, out) -> None:
+        self._k.softcap[self._grid(x.size)](_rows(x), np.float32(cap), _rows(out))
 
 
 def _rows(a):

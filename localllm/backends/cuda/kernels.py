@@ -135,9 +135,9 @@ def kv_store_range(cache, src, start):
 
 
 @cuda.jit(device=True)
-def _attend(q, t, h, keys, values, table, kvh, pos, scale, window, out, scores, job):
-    """out[t, h] = softmax(q[t, h] . K[j] * scale) V over keys j in [first, pos], j < pos - window
-    excluded when window > 0. keys/values uint16[NB, BS, Hkv, D]: key j lives in block table[j // BS] at
+def _attend(q, t, h, keys, values, table, kvh, pos, scale, softcap, window, out, scores, job):
+    """out[t, h] = softmax(cap(q[t, h] . K[j] * scale)) V over keys j in [first, pos], j < pos - window
+    excluded when window > 0; cap(s) = softcap * tanh(s / softcap) when softcap > 0, else s. keys/values uint16[NB, BS, Hkv, D]: key j lives in block table[j // BS] at
     j % BS. scores float32[*, n_keys] row `job` is scratch. One block per (t, h)."""
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
@@ -159,6 +159,8 @@ def _attend(q, t, h, keys, values, table, kvh, pos, scale, window, out, scores, 
         for i in range(d):
             s += qs[i] * f16_to_f32(keys[blk, off, kvh, i])
         s *= scale
+        if softcap > 0:
+            s = softcap * np.float32(math.tanh(s * (np.float32(1.0) / softcap)))
         scores[job, j] = s
         best = max(best, s)
     best = _block_max(red, best)
@@ -176,7 +178,7 @@ def _attend(q, t, h, keys, values, table, kvh, pos, scale, window, out, scores, 
 
 
 @cuda.jit
-def attention(q, keys, values, table, start, t0, scale, window, out, scores):
+def attention(q, keys, values, table, start, t0, scale, softcap, window, out, scores):
     """Contiguous cache: q float32[T, Hq, D] rows t0 .. t0 + Tc (Tc = scores.shape[0] / Hq) at positions
     start + t; keys/values uint16[1, n_ctx, Hkv, D]; table int32[1] = {0}; scores float32[Tc*Hq, n_keys]."""
     n_head = q.shape[1]
@@ -184,11 +186,11 @@ def attention(q, keys, values, table, start, t0, scale, window, out, scores):
     t = t0 + job // n_head
     h = job % n_head
     kvh = h // (n_head // keys.shape[2])
-    _attend(q, t, h, keys, values, table, kvh, start + t, scale, window, out, scores, job)
+    _attend(q, t, h, keys, values, table, kvh, start + t, scale, softcap, window, out, scores, job)
 
 
 @cuda.jit
-def attention_paged(q, keys, values, tables, row_seq, positions, scale, window, out, scores):
+def attention_paged(q, keys, values, tables, row_seq, positions, scale, softcap, window, out, scores):
     """Paged cache: row t of q float32[T, Hq, D] belongs to sequence row_seq[t] at positions[t]; keys/values
     uint16[NB, BS, Hkv, D]; tables int32[S, max_blocks]; scores float32[T*Hq, n_keys]."""
     n_head = q.shape[1]
@@ -196,7 +198,7 @@ def attention_paged(q, keys, values, tables, row_seq, positions, scale, window, 
     t = job // n_head
     h = job % n_head
     kvh = h // (n_head // keys.shape[2])
-    _attend(q, t, h, keys, values, tables[row_seq[t]], kvh, positions[t], scale, window, out, scores, job)
+    _attend(q, t, h, keys, values, tables[row_seq[t]], kvh, positions[t], scale, softcap, window, out, scores, job)
 
 
 @cuda.jit
@@ -234,3 +236,14 @@ def scale(x, factor, out):
         r = job // n_cols
         c = job % n_cols
         out[r, c] = x[r, c] * factor
+
+
+@cuda.jit
+def softcap(x, cap, out):
+    """out float32[R, C] = cap * tanh(x / cap) (llama.cpp's order: a scale by 1/cap, tanh, a scale by cap)."""
+    n_cols = x.shape[1]
+    inv = np.float32(1.0) / cap
+    for job in range(cuda.grid(1), x.shape[0] * n_cols, cuda.gridsize(1)):
+        r = job // n_cols
+        c = job % n_cols
+        out[r, c] = cap * np.float32(math.tanh(x[r, c] * inv))

@@ -10,6 +10,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "llama": ("llama", "Llama"),
     "qwen2": ("qwen2", "Qwen2"),
     "qwen3": ("qwen3", "Qwen3"),
+    "gemma2": ("gemma2", "Gemma2"),
     "gemma3": ("gemma3", "Gemma3"),
     "olmo2": ("olmo2", "Olmo2"),
     "smollm3": ("smollm3", "SmolLM3"),

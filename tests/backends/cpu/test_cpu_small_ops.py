@@ -85,9 +85,9 @@ def test_attention_serial_twin_matches_the_parallel_kernel(rng, window, heads_pe
     cache_v = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16).view(np.uint16)
     scores = np.empty((3 * 8, start + 3), dtype=np.float32)
     want = np.empty_like(q)
-    attention_decode.attention(q, cache_k, cache_v, start, np.float32(0.125), window, want, scores, heads_per_job)
+    attention_decode.attention(q, cache_k, cache_v, start, np.float32(0.125), np.float32(0.0), window, want, scores, heads_per_job)
     got = np.empty_like(q)
-    attention_decode.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), window, got, scores, heads_per_job)
+    attention_decode.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), np.float32(0.0), window, got, scores, heads_per_job)
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
@@ -141,7 +141,7 @@ def test_attention_grouped_heads_give_the_one_head_bits(rng, group, head_dim):
     for heads_per_job in (1, 4):
         for kernel in (attention_decode.attention, attention_decode.attention_serial):
             out = np.empty_like(q)
-            kernel(q, k16.view(np.uint16), v16.view(np.uint16), start, np.float32(0.125), window, out, scores, heads_per_job)
+            kernel(q, k16.view(np.uint16), v16.view(np.uint16), start, np.float32(0.125), np.float32(0.0), window, out, scores, heads_per_job)
             results[heads_per_job, kernel] = out
     first = results[1, attention_decode.attention]
     for out in results.values():
