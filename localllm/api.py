@@ -131,6 +131,7 @@ class Model:
         self.backend = backend
         self.memory = memory
         self.n_ctx = memory.n_ctx
+        decoder.use_context(self.n_ctx)
         self.trained_ctx = trained_context(reader)
         self._template = None
         self.session = self.new_session()
@@ -189,6 +190,7 @@ class Model:
         self.backend.plan_memory(self.reader, memory, self.decoder.hp, ctx_given=True)  # a host backend's: nothing
         self.memory = memory
         self.n_ctx = memory.n_ctx
+        self.decoder.use_context(self.n_ctx)
         self.session = self.new_session()
 
     def new_session(self) -> Session:

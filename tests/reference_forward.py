@@ -28,15 +28,28 @@ def rms_norm(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope(x, positions, n_rot, base, neox, freq_scale=1.0, factors=None):
-    """x [T, H, D] float64; rotates the first n_rot dims of each head."""
+def rope(x, positions, n_rot, base, neox, freq_scale=1.0, factors=None, yarn=None, mscale=1.0):
+    """x [T, H, D] float64; rotates the first n_rot dims of each head; cos and sin times mscale.
+
+    yarn: (original context, beta_fast, beta_slow) for YaRN (ggml's rope_yarn): pair i's angle mixes the
+    interpolated angle (freq_scale times) and the extrapolated one by a ramp over the pairs between the
+    correction dims, and mscale grows by 1 + 0.1 ln(1 / freq_scale)."""
     x = x.copy()
     half = n_rot // 2
-    inv = freq_scale * base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+    i = np.arange(half, dtype=np.float64)
+    extrap = base ** (-i * 2.0 / n_rot)
     if factors is not None:
-        inv = inv / factors
+        extrap = extrap / factors
+    inv = freq_scale * extrap
+    if yarn is not None:
+        orig_ctx, beta_fast, beta_slow = yarn
+        corr = lambda turns: n_rot * math.log(orig_ctx / (turns * 2 * math.pi)) / (2 * math.log(base))  # noqa: E731
+        low, high = max(0.0, math.floor(corr(beta_fast))), min(n_rot - 1.0, math.ceil(corr(beta_slow)))
+        ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+        inv = inv * (1 - ramp) + extrap * ramp
+        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
     ang = positions[:, None].astype(np.float64) * inv[None, :]  # [T, half]
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
     if neox:
         a, b = x[..., :half].copy(), x[..., half:n_rot].copy()
         x[..., :half], x[..., half:n_rot] = a * cos - b * sin, a * sin + b * cos
@@ -75,8 +88,9 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def forward(reader, tokens, neox_override=None) -> np.ndarray:
-    """Logits [T, vocab] (float64) for `tokens` from position 0."""
+def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
+    """Logits [T, vocab] (float64) for `tokens` from position 0, in a context of n_ctx tokens (LongRoPE's
+    factors depend on it)."""
     arch = reader.architecture
     md = lambda key, default=None: reader.metadata.get(f"{arch}.{key}", default)  # noqa: E731
     w = load_weights(reader)
@@ -91,13 +105,31 @@ def forward(reader, tokens, neox_override=None) -> np.ndarray:
     gemma2 = arch == "gemma2"  # every other layer local (from layer 0), soft-capped scores and logits
     olmo2 = arch == "olmo2"  # norms after the sub-blocks instead of before; Q/K norms over whole rows
     granite = arch == "granite"
-    neox = arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2") if neox_override is None else neox_override
+    neox = arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3") if neox_override is None else neox_override
     embedding_scale = md("embedding_scale", 0.0) if granite else 0.0
     residual_scale = md("residual_scale", 0.0) if granite else 0.0
     kq_scale = (md("attention.scale", 0.0) if granite else 0.0) or 1.0 / math.sqrt(head_dim)
     tokens = np.asarray(tokens)
     t = len(tokens)
     positions = np.arange(t)
+    if arch == "phi3":  # fused Q/K/V and gate/up: split into the separate matrices
+        for il in range(n_layer):
+            p = f"blk.{il}."
+            q_rows, kv_rows = n_head * head_dim, n_kv * head_dim
+            qkv = w.pop(p + "attn_qkv.weight")
+            w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"] = np.split(qkv, [q_rows, q_rows + kv_rows])
+            w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"] = np.split(w.pop(p + "ffn_up.weight"), 2)
+    # RoPE scaling: Phi-3's LongRoPE factors (long past the original context; the tests run at 64) and
+    # attention factor; Mistral 3's YaRN and attention temperature
+    orig_ctx = md("rope.scaling.original_context_length", md("context_length"))
+    rope_factors, rope_mscale, yarn, freq_scale = w.get("rope_freqs.weight"), 1.0, None, 1.0
+    if arch == "phi3":
+        rope_factors = w["rope_factors_long.weight"] if n_ctx > orig_ctx else w["rope_factors_short.weight"]
+        rope_mscale = md("rope.scaling.attn_factor", 1.0)
+    if md("rope.scaling.type") == "yarn":
+        factor = md("rope.scaling.factor")
+        yarn, freq_scale = (orig_ctx, md("rope.scaling.yarn_beta_fast", 32.0), md("rope.scaling.yarn_beta_slow", 1.0)), 1 / factor
+    temperature = md("attention.temperature_scale", 0.0)
     x = w["token_embd.weight"][tokens]
     if gemma:
         x = x * math.sqrt(n_embd)
@@ -124,10 +156,11 @@ def forward(reader, tokens, neox_override=None) -> np.ndarray:
             window, layer_base = md("attention.sliding_window"), 10000.0
         if gemma2 and il % 2 == 0:
             window = md("attention.sliding_window")
-        factors = w.get("rope_freqs.weight")
         if not (arch == "smollm3" and (il + 1) % 4 == 0):  # SmolLM3: no RoPE in every fourth layer
-            q = rope(q, positions, n_rot, layer_base, neox, factors=factors)
-            k = rope(k, positions, n_rot, layer_base, neox, factors=factors)
+            q = rope(q, positions, n_rot, layer_base, neox, freq_scale, rope_factors, yarn, rope_mscale)
+            k = rope(k, positions, n_rot, layer_base, neox, freq_scale, rope_factors, yarn, rope_mscale)
+        if temperature:  # Llama 4's attention temperature: queries scaled by position
+            q = q * (1 + temperature * np.log(np.floor(positions / orig_ctx) + 1))[:, None, None]
         softcap = md("attn_logit_softcapping") if gemma2 else 0.0
         attn = attend(q, k, v, kq_scale, window, softcap).reshape(t, n_head * head_dim)
         o = attn @ w[p + "attn_output.weight"].T

@@ -80,6 +80,10 @@ class TinyArch:
     post_norms: bool = False  # post_attention_norm / post_ffw_norm after each sub-block
     qk_norm: str = ""  # "head": per-head attn_q/k_norm [head_dim]; "full": over the whole projection
     qkv_bias: bool = False
+    fused_qkv: bool = False  # one attn_qkv.weight (Q rows, K rows, V rows) instead of three
+    fused_gate_up: bool = False  # ffn_up.weight [n_embd, 2 * n_ff]: gate rows, then up rows (no ffn_gate)
+    longrope: bool = False  # rope_factors_long / rope_factors_short
+    name: str = ""  # general.name's stem (default: the architecture)
     embd_std: float = 0.5  # token_embd std; 1/sqrt(E) keeps logits O(1) unless the arch scales embeddings
 
 
@@ -97,6 +101,17 @@ TINY_ARCHS = {
     "olmo2": TinyArch(output=True, pre_norms=False, post_norms=True, qk_norm="full", rope_base=500000.0),
     # four layers: llama.cpp leaves RoPE out of every fourth
     "smollm3": TinyArch(n_layer=4, rope_base=5000000.0),
+    # fused Q/K/V and gate/up; LongRoPE with an original context (32) shorter than the tests' (64): the
+    # long factors, and an attention factor
+    # named "tiny-phi": llama.cpp sets token attributes of "</s>" etc. for models named phi3, absent here
+    "phi3": TinyArch(name="phi", fused_qkv=True, fused_gate_up=True, longrope=True,
+                     metadata={"rope.scaling.original_context_length": 32, "rope.scaling.attn_factor": 1.2}),
+    # YaRN over an original context of 8 and the attention temperature, which both act within the
+    # tests' prompts
+    "mistral3": TinyArch(rope_base=1000000.0,
+                         metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+                                   "rope.scaling.original_context_length": 8, "rope.scaling.yarn_beta_fast": 32.0,
+                                   "rope.scaling.yarn_beta_slow": 1.0, "attention.temperature_scale": 0.1}),
     "granite": TinyArch(metadata={"embedding_scale": 2.0, "residual_scale": 0.8, "attention.scale": 0.25,
                                   "logit_scale": 4.0}),
 }
@@ -109,7 +124,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
     spec = TINY_ARCHS[arch]
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
-    w.add("general.name", f"tiny-{arch}-{qtype}")
+    w.add("general.name", f"tiny-{spec.name or arch}-{qtype}")
     for key, value in {
         "context_length": 256,
         "embedding_length": N_EMBD,
@@ -125,7 +140,10 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
     w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add(f"{arch}.rope.freq_base", spec.rope_base)
     for key, value in spec.metadata.items():
-        w.add(f"{arch}.{key}", value, ValueType.UINT32 if isinstance(value, int) else ValueType.FLOAT32)
+        if isinstance(value, str):
+            w.add(f"{arch}.{key}", value)
+        else:
+            w.add(f"{arch}.{key}", value, ValueType.UINT32 if isinstance(value, int) else ValueType.FLOAT32)
     tokens, scores, types = _vocab()
     w.add("tokenizer.ggml.model", "llama")
     w.add("tokenizer.ggml.tokens", tokens)
@@ -147,19 +165,28 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
         matrix("output.weight", N_EMBD, N_VOCAB, std=0.1)
     if spec.rope_freqs:
         w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
+    if spec.longrope:
+        w.add_tensor("rope_factors_long.weight", rng.uniform(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", rng.uniform(1.0, 1.5, HEAD_DIM // 2).astype(np.float32))
     q_out, kv_out = N_HEAD * HEAD_DIM, N_KV * HEAD_DIM
     for il in range(spec.n_layer):
         p = f"blk.{il}."
         if spec.pre_norms:
             vector(p + "attn_norm.weight", N_EMBD)
-        matrix(p + "attn_q.weight", N_EMBD, q_out)
-        matrix(p + "attn_k.weight", N_EMBD, kv_out)
-        matrix(p + "attn_v.weight", N_EMBD, kv_out)
+        if spec.fused_qkv:
+            matrix(p + "attn_qkv.weight", N_EMBD, q_out + 2 * kv_out)
+        else:
+            matrix(p + "attn_q.weight", N_EMBD, q_out)
+            matrix(p + "attn_k.weight", N_EMBD, kv_out)
+            matrix(p + "attn_v.weight", N_EMBD, kv_out)
         matrix(p + "attn_output.weight", q_out, N_EMBD)
         if spec.pre_norms:
             vector(p + "ffn_norm.weight", N_EMBD)
-        matrix(p + "ffn_gate.weight", N_EMBD, N_FF)
-        matrix(p + "ffn_up.weight", N_EMBD, N_FF)
+        if spec.fused_gate_up:
+            matrix(p + "ffn_up.weight", N_EMBD, 2 * N_FF)
+        else:
+            matrix(p + "ffn_gate.weight", N_EMBD, N_FF)
+            matrix(p + "ffn_up.weight", N_EMBD, N_FF)
         matrix(p + "ffn_down.weight", N_FF, N_EMBD)
         if spec.qkv_bias:
             for name, n in (("attn_q.bias", q_out), ("attn_k.bias", kv_out), ("attn_v.bias", kv_out)):

@@ -116,11 +116,13 @@ class Backend(ABC):
         """out[R, D] = x[R, D] / sqrt(mean(x^2) + eps) * weight[D], row by row (R may be T or T*H)."""
 
     @abstractmethod
-    def rope(self, x, positions: np.ndarray, n_rot: int, base: float, neox: bool, freq_factors=None, freq_scale: float = 1.0) -> None:
+    def rope(self, x, positions: np.ndarray, n_rot: int, base: float, neox: bool, freq_factors=None,
+             freq_scale: float = 1.0, mscale: float = 1.0) -> None:
         """Rotate x[T, H, D] in place: position positions[t], first n_rot dims of each head.
 
         Normal pairing rotates (x[2i], x[2i+1]); NeoX pairing rotates (x[i], x[i + n_rot/2]).
-        Angle = positions[t] * freq_scale * base^(-2i/n_rot) / freq_factors[i].
+        Angle = positions[t] * freq_scale * base^(-2i/n_rot) / freq_factors[i]; the rotated pairs are
+        also multiplied by mscale (YaRN's and LongRoPE's attention factor: cos and sin times mscale).
         """
 
     @abstractmethod

@@ -9,6 +9,7 @@ backend ops. An architecture module subclasses it, sets its class-level conventi
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from ..backends.base import Backend
 from ..errors import LocalLLMError
 from .buffers import BatchBuffers, Buffers
 from .hparams import HParams
+from .rope import LayerRope, layer_rope
 from .weights import BoundWeights, TensorSpec, bind_weights
 
 
@@ -88,8 +90,11 @@ class Decoder:
     def __init__(self, reader, backend: Backend, n_vocab: int):
         self.ops = backend
         self.hp = HParams.from_reader(reader, n_vocab)
+        self.file_tensors = frozenset(reader.tensors)  # the names in the file (for optional and fused layouts)
         self.read_extra(reader)
         self.w: BoundWeights = bind_weights(reader, self.tensor_specs(), backend)
+        self.n_ctx = self.hp.context_length  # the context the model runs at (use_context)
+        self._ropes: dict = {}  # (base, freq_scale, id(divisors)) -> LayerRope
         self._buffers: dict[int, Buffers] = {}
         self._logits: dict[int, np.ndarray] = {}
         self._batch = BatchBuffers(backend, self.hp)  # forward_batch's buffers, grown on demand
@@ -106,6 +111,24 @@ class Decoder:
         """(RoPE base, frequency scale) of layer il."""
         return self.hp.rope_base, self.hp.rope_freq_scale
 
+    def layer_yarn(self, il: int) -> Optional[bool]:
+        """Whether layer il applies the file's YaRN scaling (None: as the file says)."""
+        return None
+
+    def rope_divisors(self, il: int):
+        """Per-pair frequency divisors of layer il (llama.cpp's get_rope_factors): rope_freqs.weight when
+        present, else LongRoPE's long factors past the original context, its short ones within it."""
+        w = self.w
+        if "rope_freqs.weight" in w:
+            return w["rope_freqs.weight"]
+        if "rope_factors_long.weight" in w and self.n_ctx > self.hp.rope_scaling.orig_ctx:
+            return w["rope_factors_long.weight"]
+        return w.get("rope_factors_short.weight")
+
+    def use_context(self, n_ctx: int) -> None:
+        """The model now runs with a context of n_ctx tokens (LongRoPE's factors depend on it)."""
+        self.n_ctx = n_ctx
+
     def layer_has_rope(self, il: int) -> bool:
         """Whether layer il rotates Q and K (some architectures leave RoPE out of some layers)."""
         return True
@@ -117,6 +140,9 @@ class Decoder:
         """The attention scores' soft cap (0: none; see Backend.attention)."""
         return 0.0
 
+    def scale_queries(self, b: Buffers) -> None:
+        """Scale the rotated queries b.q [T, Hq, D] per position (an attention temperature), in place."""
+
     def finish_logits(self, logits) -> None:
         """Transform the output projection's logits [rows, vocab] in place (scaling, soft-capping)."""
 
@@ -125,26 +151,42 @@ class Decoder:
         q_out, kv_out = hp.n_head * hp.head_dim, hp.n_head_kv * hp.head_dim
         specs = [
             TensorSpec(p + "attn_norm.weight", (hp.n_embd,), vector=True),
-            TensorSpec(p + "attn_q.weight", (hp.n_embd, q_out)),
-            TensorSpec(p + "attn_k.weight", (hp.n_embd, kv_out)),
-            TensorSpec(p + "attn_v.weight", (hp.n_embd, kv_out)),
+            *self.qkv_specs(il),
             TensorSpec(p + "attn_output.weight", (q_out, hp.n_embd)),
             TensorSpec(p + "ffn_norm.weight", (hp.n_embd,), vector=True),
             TensorSpec(p + "ffn_gate.weight", (hp.n_embd, hp.n_ff)),
             TensorSpec(p + "ffn_up.weight", (hp.n_embd, hp.n_ff)),
             TensorSpec(p + "ffn_down.weight", (hp.n_ff, hp.n_embd)),
         ]
-        if self.QKV_BIAS:
-            specs += [
-                TensorSpec(p + "attn_q.bias", (q_out,), vector=True),
-                TensorSpec(p + "attn_k.bias", (kv_out,), vector=True),
-                TensorSpec(p + "attn_v.bias", (kv_out,), vector=True),
-            ]
         if self.QK_NORM:
             specs += [
                 TensorSpec(p + "attn_q_norm.weight", (hp.head_dim,), vector=True),
                 TensorSpec(p + "attn_k_norm.weight", (hp.head_dim,), vector=True),
             ]
+        return specs
+
+    def qkv_specs(self, il: int) -> list[TensorSpec]:
+        """attn_q/k/v weights and biases, separate or as row ranges of one fused attn_qkv (llama.cpp
+        accepts either for every architecture); biases required where QKV_BIAS says so, else optional."""
+        hp, p = self.hp, f"blk.{il}."
+        outs = {"q": hp.n_head * hp.head_dim, "k": hp.n_head_kv * hp.head_dim, "v": hp.n_head_kv * hp.head_dim}
+        total = sum(outs.values())
+        fused = p + "attn_qkv.weight" in self.file_tensors
+        fused_bias = p + "attn_qkv.bias" in self.file_tensors
+        specs, first = [], 0
+        for part, n_out in outs.items():
+            name = f"{p}attn_{part}"
+            if fused:
+                specs.append(TensorSpec(name + ".weight", (hp.n_embd, n_out), fused=p + "attn_qkv.weight",
+                                        fused_shape=(hp.n_embd, total), first_row=first))
+            else:
+                specs.append(TensorSpec(name + ".weight", (hp.n_embd, n_out)))
+            if fused_bias:
+                specs.append(TensorSpec(name + ".bias", (n_out,), vector=True, fused=p + "attn_qkv.bias",
+                                        fused_shape=(total,), first_row=first))
+            else:
+                specs.append(TensorSpec(name + ".bias", (n_out,), vector=True, optional=not self.QKV_BIAS))
+            first += n_out
         return specs
 
     def tensor_specs(self) -> list[TensorSpec]:
@@ -153,6 +195,10 @@ class Decoder:
             TensorSpec("token_embd.weight", (hp.n_embd, hp.n_vocab)),
             TensorSpec("output_norm.weight", (hp.n_embd,), vector=True),
             TensorSpec("output.weight", (hp.n_embd, hp.n_vocab), optional=True),  # absent: tied to token_embd
+            TensorSpec("output.bias", (hp.n_vocab,), optional=True, vector=True),  # Phi-3 files may carry one
+            TensorSpec("rope_freqs.weight", (hp.n_rot // 2,), optional=True, vector=True),  # llama 3.1 and later
+            TensorSpec("rope_factors_long.weight", (hp.n_rot // 2,), optional=True, vector=True),  # LongRoPE
+            TensorSpec("rope_factors_short.weight", (hp.n_rot // 2,), optional=True, vector=True),
         ]
         for il in range(hp.n_layer):
             specs += self.block_specs(il)
@@ -183,13 +229,25 @@ class Decoder:
             ops.rms_norm(b.q, w[p + "attn_q_norm.weight"], hp.eps, b.q)
             ops.rms_norm(b.k, w[p + "attn_k_norm.weight"], hp.eps, b.k)
         if self.layer_has_rope(il):
-            base, freq_scale = self.layer_rope(il)
-            factors = w.get("rope_freqs.weight")
-            ops.rope(b.q, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
-            ops.rope(b.k, b.positions, hp.n_rot, base, self.ROPE_NEOX, factors, freq_scale)
+            r = self.rope_of_layer(il)
+            ops.rope(b.q, b.positions, hp.n_rot, r.base, self.ROPE_NEOX, r.divisors, r.freq_scale, r.mscale)
+            ops.rope(b.k, b.positions, hp.n_rot, r.base, self.ROPE_NEOX, r.divisors, r.freq_scale, r.mscale)
+        self.scale_queries(b)
         cache.store(ops, il, b.k, b.v, start)
         cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn, self.attention_softcap())
         self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
+
+    def rope_of_layer(self, il: int) -> LayerRope:
+        """The rope op's arguments for layer il (model/rope.py), made once per distinct setting: the same
+        divisor array each step, so the backends' per-array caches hold."""
+        base, freq_scale = self.layer_rope(il)
+        divisors, yarn = self.rope_divisors(il), self.layer_yarn(il)
+        key = (base, freq_scale, id(divisors), yarn)
+        cached = self._ropes.get(key)
+        if cached is None or cached[0] is not divisors:
+            rope = layer_rope(self.hp.rope_scaling, self.hp.n_rot, base, freq_scale, divisors, yarn)
+            cached = self._ropes[key] = (divisors, rope)
+        return cached[1]
 
     def feed_forward(self, il: int, b: Buffers, x=None) -> None:
         """b.o <- down(act(gate(x)) * up(x)) (x: b.h unless given)."""
@@ -247,7 +305,7 @@ class Decoder:
         if logits is None:
             logits = self._logits[rows.shape[0]] = self.ops.alloc((rows.shape[0], self.hp.n_vocab))
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
-        self.ops.matmul(output, normed, logits)
+        self.ops.matmul(output, normed, logits, self.w.get("output.bias"))
         self.finish_logits(logits)
         return self.ops.to_host(logits)
 
@@ -277,7 +335,7 @@ class Decoder:
         self.ops.take_rows(b.x, logit_rows, last)
         self.ops.rms_norm(last, self.w["output_norm.weight"], self.hp.eps, normed)
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
-        self.ops.matmul_rows(output, normed, logits)
+        self.ops.matmul_rows(output, normed, logits, self.w.get("output.bias"))
         self.finish_logits(logits)
         return self.ops.to_host(logits)
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from ..errors import GGUFError
 from ..gguf.metadata import REQUIRED
+from .rope import RopeScaling
 
 # Upper bounds far above any real model (Llama 3.1 405B: 126 layers, 16,384 wide, 53,248 feed-forward,
 # 128 heads) that keep a hostile header from sizing loops and buffers: the tensor shapes are checked
@@ -21,7 +22,6 @@ MAX_LAYERS = 4096
 MAX_WIDTH = 1 << 20  # embedding and feed-forward lengths, head dimension
 MAX_HEADS = 4096
 MAX_CONTEXT = (1 << 31) - 1  # positions are int32
-ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")  # llama.cpp's names
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,7 @@ class HParams:
     rope_base: float
     rope_freq_scale: float
     context_length: int
+    rope_scaling: RopeScaling
 
     @classmethod
     def from_reader(cls, reader, n_vocab: int) -> "HParams":
@@ -111,6 +112,8 @@ class HParams:
         n_embd = read_count(reader, "n_embd")
         n_head = read_count(reader, "n_head")
         head_dim = read_count(reader, "head_dim", max(1, n_embd // n_head))
+        context_length = read_count(reader, "context_length")
+        scaling = RopeScaling.from_reader(reader, context_length)
         params = cls(
             n_vocab=n_vocab,
             n_embd=n_embd,
@@ -122,8 +125,9 @@ class HParams:
             n_rot=read_count(reader, "n_rot", head_dim),
             eps=meta.get_float(key("attention.layer_norm_rms_epsilon"), above=0.0, below=1.0),
             rope_base=meta.get_float(key(ROPE_BASE_KEY), 10000.0, above=0.0),
-            rope_freq_scale=_rope_freq_scale(meta, key),
-            context_length=read_count(reader, "context_length"),
+            rope_freq_scale=scaling.freq_scale,
+            context_length=context_length,
+            rope_scaling=scaling,
         )
         params.validate(reader.path)
         return params
@@ -140,10 +144,3 @@ class HParams:
         for ok, problem in checks:
             if not ok:
                 raise GGUFError(path, "hyperparameters", None, problem)
-
-
-def _rope_freq_scale(meta, key) -> float:
-    """RoPE frequency scale: 1/factor for linear scaling, else 1 (YaRN and LongRoPE are not applied)."""
-    factor = meta.get_float(key("rope.scaling.factor"), None, above=0.0)
-    scaling = meta.get_str(key("rope.scaling.type"), "linear" if factor else "none", choices=ROPE_SCALING_TYPES)
-    return 1.0 / factor if factor and scaling == "linear" else 1.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -19,6 +20,19 @@ class TensorSpec:
     shape: tuple[int, ...]
     optional: bool = False
     vector: bool = False
+    # A part of a fused tensor in the file (Phi-3's attn_qkv, its gate-and-up ffn_up): the file's tensor,
+    # its shape, and the first row (output feature) of this part. The part is a view of those rows.
+    fused: Optional[str] = None
+    fused_shape: tuple[int, ...] = ()
+    first_row: int = 0
+
+    @property
+    def file_name(self) -> str:
+        return self.fused or self.name
+
+    @property
+    def file_shape(self) -> tuple[int, ...]:
+        return self.fused_shape if self.fused else self.shape
 
 
 class BoundWeights:
@@ -44,27 +58,31 @@ def bind_weights(reader, specs: list[TensorSpec], backend: Backend) -> BoundWeig
     """Validate every spec against the file, then upload; raises TensorError naming the tensor."""
     entries: dict = {}
     for spec in specs:
-        info = reader.tensors.get(spec.name)
+        name = spec.file_name
+        info = reader.tensors.get(name)
         if info is None:
             if spec.optional:
                 entries[spec.name] = None
                 continue
-            raise TensorError(f"{reader.path}: tensor '{spec.name}' is missing (the architecture needs it)")
-        if tuple(info.shape) != tuple(spec.shape):
+            raise TensorError(f"{reader.path}: tensor '{name}' is missing (the architecture needs it)")
+        if tuple(info.shape) != tuple(spec.file_shape):
             raise TensorError(
-                f"{reader.path}: tensor '{spec.name}' has shape {list(info.shape)}, expected {list(spec.shape)}"
+                f"{reader.path}: tensor '{name}' has shape {list(info.shape)}, expected {list(spec.file_shape)}"
             )
         qtype = info.ggml_type.name
+        rows = slice(spec.first_row, spec.first_row + int(np.prod(spec.shape[1:], dtype=np.int64)))
         if spec.vector:
             if qtype not in ("F32", "F16", "BF16"):
-                raise TensorError(f"{reader.path}: tensor '{spec.name}' is {qtype}; a float type is expected")
-            entries[spec.name] = _vector(reader, spec.name, qtype)
+                raise TensorError(f"{reader.path}: tensor '{name}' is {qtype}; a float type is expected")
+            vector = _vector(reader, name, qtype)
+            entries[spec.name] = vector[spec.first_row : spec.first_row + spec.shape[0]] if spec.fused else vector
             continue
         if not backend.supports(qtype):
             raise TensorError(
-                f"{reader.path}: tensor '{spec.name}' has type {qtype}, which the {backend.name} backend does not support"
+                f"{reader.path}: tensor '{name}' has type {qtype}, which the {backend.name} backend does not support"
             )
-        entries[spec.name] = backend.upload(Weight(spec.name, qtype, tuple(info.shape), reader.tensor_bytes(spec.name)))
+        data = reader.tensor_bytes(name)
+        entries[spec.name] = backend.upload(Weight(spec.name, qtype, tuple(spec.shape), data[rows] if spec.fused else data))
     return BoundWeights(entries)
 
 

@@ -154,22 +154,23 @@ def inverse_frequencies(n_rot: int, base: float, factors, freq_scale: float) -> 
     return theta / factors.astype(np.float64) if factors is not None else theta
 
 
-def rope_reference(x, positions, n_rot, base, neox, factors, freq_scale):
+def rope_reference(x, positions, n_rot, base, neox, factors, freq_scale, mscale=1.0):
     """Rotation of the first n_rot dims of each head of x[T, H, D] by positions[t] * theta_i (the
     interface's formula, base.py), in float64; dims from n_rot on are unchanged (bound 0).
     Bound for a rotated pair (a, b): the angle carries the float32 rounding of theta (U) and of any
     product or division that forms it (2U more): 3U |angle|; cos and sin within 2U each; the rotation's
-    two products and sum, 3U of |a| + |b|; one spare: (|a| + |b|) (3 |angle| + 6) U."""
+    two products and sum, 3U of |a| + |b|; one spare: (|a| + |b|) (3 |angle| + 6) U. mscale multiplies cos
+    and sin (one more rounding each: 2U more, times mscale)."""
     x64 = x.astype(np.float64)
     angle = positions.astype(np.float64)[:, None] * inverse_frequencies(n_rot, base, factors, freq_scale)[None, :]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    cos, sin = mscale * np.cos(angle)[:, None, :], mscale * np.sin(angle)[:, None, :]
     half = n_rot // 2
     first = np.arange(half) if neox else 2 * np.arange(half)
     second = first + half if neox else first + 1
     a, b = x64[:, :, first], x64[:, :, second]
     ref, bound = x64.copy(), np.zeros_like(x64)
     ref[:, :, first], ref[:, :, second] = a * cos - b * sin, a * sin + b * cos
-    pair_bound = (np.abs(a) + np.abs(b)) * (3 * np.abs(angle)[:, None, :] + 6) * U
+    pair_bound = mscale * (np.abs(a) + np.abs(b)) * (3 * np.abs(angle)[:, None, :] + 8) * U
     bound[:, :, first], bound[:, :, second] = pair_bound, pair_bound
     return ref, bound
 

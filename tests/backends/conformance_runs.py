@@ -88,10 +88,10 @@ def rms_norm(backend, x, weight, eps, in_place):
     return backend.to_host(out).copy()
 
 
-def rope(backend, x, positions, n_rot, base, neox, factors, freq_scale):
+def rope(backend, x, positions, n_rot, base, neox, factors, freq_scale, mscale=1.0):
     """x float32[T, H, D] rotated in place."""
     buffer = to_backend(backend, x)
-    backend.rope(buffer, positions, n_rot, base, neox, factors, freq_scale)
+    backend.rope(buffer, positions, n_rot, base, neox, factors, freq_scale, mscale)
     return backend.to_host(buffer).copy()
 
 

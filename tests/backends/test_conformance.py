@@ -252,16 +252,18 @@ def rope_factors(n_rot: int) -> np.ndarray:
 @pytest.mark.parametrize("neox", [False, True], ids=["normal", "neox"])
 @pytest.mark.parametrize("backend_name,shape", per_backend(lambda p: p.rope_shapes, ids=lambda s: "x".join(map(str, s))))
 def test_rope(targets, backend_name, shape, neox):
-    """Partial rotation (n_rot < D) with frequency factors and a frequency scale; a full one without;
-    positions up to 97,500 (float32 angles lose digits there: the bound grows with the angle)."""
+    """Partial rotation (n_rot < D) with frequency factors, a frequency scale and an mscale (YaRN's,
+    LongRoPE's attention factor); a full one without; positions up to 97,500 (float32 angles lose digits
+    there: the bound grows with the angle)."""
     n_tok, n_head, head_dim, n_rot = shape
     rng = rng_for("rope", backend_name, shape, neox)
     x = rng.normal(0, 1, (n_tok, n_head, head_dim)).astype(np.float32)
     positions = np.array([0, 7, 1000] if n_tok == 3 else [5] if n_tok == 1 else np.arange(n_tok) * 2500, np.int32)
-    factors, freq_scale = (rope_factors(n_rot), 0.5) if n_rot < head_dim else (None, 1.0)
+    factors, freq_scale, mscale = (rope_factors(n_rot), 0.5, 1.19) if n_rot < head_dim else (None, 1.0, 1.0)
     got = targets[backend_name].run("rope", x=x, positions=positions, n_rot=n_rot, base=10000.0, neox=neox,
-                                    factors=factors, freq_scale=freq_scale)
-    assert_within(got, *rope_reference(x, positions, n_rot, 10000.0, neox, factors, freq_scale), f"{backend_name} rope")
+                                    factors=factors, freq_scale=freq_scale, mscale=mscale)
+    assert_within(got, *rope_reference(x, positions, n_rot, 10000.0, neox, factors, freq_scale, mscale),
+                  f"{backend_name} rope")
     assert not np.allclose(got, x)  # it rotated something
 
 

@@ -218,7 +218,7 @@ class CPUBackend(Backend):
         kernel = kernels.rms_norm if self.thread_policy.parallel(x.shape[0], x.size) else kernels.rms_norm_serial
         kernel(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
 
-    def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0) -> None:
+    def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0, mscale=1.0) -> None:
         key = (n_rot, float(base), float(freq_scale), id(freq_factors))
         cached = self._inv_freq.get(key)
         if cached is None:
@@ -228,11 +228,11 @@ class CPUBackend(Backend):
             # the entry holds freq_factors, so its id cannot be reused by another array while it lives
             cached = self._inv_freq[key] = (freq_factors, inv_freq)
         inv_freq = cached[1]
-        cos, sin = self._rope_angles(key, inv_freq, positions)
+        cos, sin = self._rope_angles(key + (float(mscale),), inv_freq, positions, mscale)
         kernel = kernels.rope if self.thread_policy.parallel(x.shape[0], x.size) else kernels.rope_serial
         kernel(x, cos, sin, bool(neox))
 
-    def _rope_angles(self, key, inv_freq, positions):
+    def _rope_angles(self, key, inv_freq, positions, mscale):
         """The (cos, sin) table of these positions, computed once per step and RoPE setting: a step
         rotates q and k of every layer at the same positions (Gemma 3: 36 rotations, 2 settings), and
         the sines and cosines were most of a rotation's time (17 of ~20 us for 8 rows)."""
@@ -243,6 +243,9 @@ class CPUBackend(Backend):
         cos = np.empty((positions.shape[0], inv_freq.shape[0]), dtype=np.float32)
         sin = np.empty_like(cos)
         kernels.rope_table(positions, inv_freq, cos, sin)
+        if mscale != 1.0:
+            cos *= np.float32(mscale)
+            sin *= np.float32(mscale)
         self._rope_cache[key] = (tag, cos, sin)
         return cos, sin
 

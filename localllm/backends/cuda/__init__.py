@@ -236,12 +236,13 @@ class CUDABackend(Backend):
             self._positions = (host, device)
         return device
 
-    def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0) -> None:
+    def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0, mscale=1.0) -> None:
         if n_rot > x.shape[2]:
             raise LocalLLMError(f"n_rot {n_rot} exceeds the head dimension {x.shape[2]}")
         inv_freq = self._inv_freqs(n_rot, base, freq_factors, freq_scale)
         n = x.shape[0] * x.shape[1] * (n_rot // 2)
-        self._k.rope[self._grid(n)](x, self._device_positions(np.asarray(positions)), inv_freq, bool(neox))
+        self._k.rope[self._grid(n)](x, self._device_positions(np.asarray(positions)), inv_freq, bool(neox),
+                                    np.float32(mscale))
 
     def kv_store(self, cache_k, cache_v, k, v, start) -> None:
         grid = self._grid(k.size)

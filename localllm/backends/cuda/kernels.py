@@ -88,9 +88,10 @@ def rms_norm(x, weight, eps, out):
 
 
 @cuda.jit
-def rope(x, positions, inv_freq, neox):
+def rope(x, positions, inv_freq, neox, mscale):
     """Rotate x float32[T, H, D] in place; positions int32[T]; inv_freq float32[n_rot/2] (the host
-    computes it as the CPU backend does). Angles in float64: positions reach 1e5 and more."""
+    computes it as the CPU backend does); cos and sin times mscale. Angles in float64: positions reach
+    1e5 and more."""
     n_tok, n_head, _ = x.shape
     half = inv_freq.shape[0]
     for job in range(cuda.grid(1), n_tok * n_head * half, cuda.gridsize(1)):
@@ -98,8 +99,8 @@ def rope(x, positions, inv_freq, neox):
         h = (job // half) % n_head
         t = job // (half * n_head)
         angle = np.float64(positions[t]) * np.float64(inv_freq[i])
-        c = np.float32(math.cos(angle))
-        s = np.float32(math.sin(angle))
+        c = np.float32(math.cos(angle)) * mscale
+        s = np.float32(math.sin(angle)) * mscale
         if neox:
             ia, ib = i, i + half
         else:

@@ -15,6 +15,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "olmo2": ("olmo2", "Olmo2"),
     "smollm3": ("smollm3", "SmolLM3"),
     "granite": ("granite", "Granite"),
+    "phi3": ("phi3", "Phi3"),
+    "mistral3": ("mistral3", "Mistral3"),
 }
 
 

@@ -11,12 +11,8 @@ GGUF storage conventions relied on (llama.cpp's converter):
 from __future__ import annotations
 
 from ..decoder import Decoder
-from ..weights import TensorSpec
 
 
 class Llama(Decoder):
     ROPE_NEOX = False
     ACTIVATION = "silu"
-
-    def tensor_specs(self) -> list[TensorSpec]:
-        return super().tensor_specs() + [TensorSpec("rope_freqs.weight", (self.hp.n_rot // 2,), optional=True, vector=True)]
