@@ -19,9 +19,21 @@ Formats, for a conversation [system S, user U1, assistant A1, user U2] with a ge
     mistral  <s> [INST] S\n\nU1 [/INST] A1</s> [INST] U2 [/INST]     (Mistral tokenizer "v1")
     phi3     <|system|>\nS<|end|>\n<|user|>\nU1<|end|>\n<|assistant|>\nA1<|end|>\n ... <|assistant|>\n
     zephyr   <|system|>\nS</s>\n<|user|>\nU1</s>\n<|assistant|>\nA1</s>\n ... <|assistant|>\n
+    gemma4   <bos><|turn>system\nS<turn|>\n<|turn>user\nU1<turn|>\n<|turn>model\nA1<turn|>\n ...
+             <|turn>model\n<|channel>thought\n<channel|>      (Gemma 4; thinking off: an empty thought; trimmed)
+    phi4     <|im_start|>system<|im_sep|>S<|im_end|><|im_start|>user<|im_sep|>U1<|im_end|> ...
+             <|im_start|>assistant<|im_sep|>                   (Phi-4 14B)
+    phi4-mini  <|system|>S<|end|><|user|>U1<|end|><|assistant|>A1<|end|> ... <|assistant|>   (Phi-4-mini)
+    granite  <|start_of_role|>system<|end_of_role|>S<|end_of_text|>\n ... <|start_of_role|>assistant<|end_of_role|>
+    mistral-v7-tekken  <s>[SYSTEM_PROMPT]S[/SYSTEM_PROMPT][INST]U1[/INST]A1</s>[INST]U2[/INST]
+             (Mistral Small 3.x, Ministral 3: tokenizer "v7" with the Tekken vocabulary, no spaces)
+    tulu     <|endoftext|><|system|>\nS\n<|user|>\nU1\n<|assistant|>\nA1<|endoftext|>\n ... <|assistant|>\n
+             (OLMo 2 Instruct, Tulu 3: the EOS text closes each assistant turn)
 
-llama2 and mistral end with "[/INST]" whether or not a generation prompt is asked for (that is their
-prompt); phi3 ends with EOS when none is asked for, as its official template does. Templates whose
+llama2, mistral and mistral-v7-tekken end with "[/INST]" whether or not a generation prompt is asked for
+(that is their prompt); phi3 and phi4-mini end with EOS when none is asked for, as their official templates
+do. Where an official template adds a default system prompt when none is given (Granite 3.x, Mistral
+Small 3.2, Ministral 3), the built-in adds none: it renders what the conversation holds. Templates whose
 official form insists on alternating user/assistant turns raise (via raise_exception) when they do not.
 
 A base model (no template, no chat-tuning word in its names: is_base_model) gets none of those but
@@ -205,6 +217,112 @@ ZEPHYR = BuiltinTemplate(
 """,
 )
 
+GEMMA4 = BuiltinTemplate(
+    name="gemma4",
+    default_bos="<bos>",
+    default_eos="<eos>",
+    source="{{- bos_token -}}\n"
+    + _SPLIT_SYSTEM
+    + """\
+{%- if system_text is not none -%}
+    {{- '<|turn>system\\n' + (system_text | trim) + '<turn|>\\n' -}}
+{%- endif -%}
+{%- for message in turns -%}
+    {%- set speaker = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {{- '<|turn>' + speaker + '\\n' + (message['content'] | trim) + '<turn|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|turn>model\\n<|channel>thought\\n<channel|>' -}}
+{%- endif -%}
+""",
+)
+
+PHI4 = BuiltinTemplate(
+    name="phi4",
+    default_bos="<|endoftext|>",
+    default_eos="<|im_end|>",
+    source="""\
+{%- for message in messages -%}
+    {%- if message['role'] in ('system', 'user', 'assistant') -%}
+        {{- '<|im_start|>' + message['role'] + '<|im_sep|>' + message['content'] + '<|im_end|>' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|im_start|>assistant<|im_sep|>' -}}
+{%- endif -%}
+""",
+)
+
+PHI4_MINI = BuiltinTemplate(
+    name="phi4-mini",
+    default_bos="<|endoftext|>",
+    default_eos="<|endoftext|>",
+    source="""\
+{%- for message in messages -%}
+    {{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|assistant|>' -}}
+{%- else -%}
+    {{- eos_token -}}
+{%- endif -%}
+""",
+)
+
+GRANITE = BuiltinTemplate(
+    name="granite",
+    default_bos="<|end_of_text|>",
+    default_eos="<|end_of_text|>",
+    source="""\
+{%- for message in messages -%}
+    {{- '<|start_of_role|>' + message['role'] + '<|end_of_role|>' + message['content'] + '<|end_of_text|>\\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|start_of_role|>assistant<|end_of_role|>' -}}
+{%- endif -%}
+""",
+)
+
+MISTRAL_V7_TEKKEN = BuiltinTemplate(
+    name="mistral-v7-tekken",
+    default_bos="<s>",
+    default_eos="</s>",
+    source=_SPLIT_SYSTEM
+    + """\
+{{- bos_token -}}
+{%- if system_text is not none -%}{{- '[SYSTEM_PROMPT]' + system_text + '[/SYSTEM_PROMPT]' -}}{%- endif -%}
+{%- for message in turns -%}
+"""
+    + _REQUIRE_ALTERNATION
+    + """\
+    {%- if message['role'] == 'user' -%}
+        {{- '[INST]' + message['content'] + '[/INST]' -}}
+    {%- elif message['role'] == 'assistant' -%}
+        {{- message['content'] + eos_token -}}
+    {%- endif -%}
+{%- endfor -%}
+""",
+)
+
+TULU = BuiltinTemplate(
+    name="tulu",
+    default_bos="<|endoftext|>",
+    default_eos="<|endoftext|>",
+    source="""\
+{{- bos_token -}}
+{%- for message in messages -%}
+    {%- if message['role'] == 'assistant' -%}
+        {{- '<|assistant|>\\n' + message['content'] + eos_token + ('' if loop.last else '\\n') -}}
+    {%- elif message['role'] in ('system', 'user') -%}
+        {{- '<|' + message['role'] + '|>\\n' + message['content'] + '\\n' -}}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|assistant|>\\n' -}}
+{%- endif -%}
+""",
+)
+
 # For a base (pretrained, not instruction-tuned) model, which never saw any turn markers: a plain-text
 # transcript it can continue, the way such models were prompted before chat fine-tuning. A preamble says what
 # the text is, two short exchanges show the length and tone of an answer, and the conversation follows as
@@ -243,14 +361,20 @@ TRANSCRIPT = BuiltinTemplate(
 )
 
 # The families' formats, each checked against its official template (tests/chat/test_templates.py) ...
-BUILTINS: dict[str, BuiltinTemplate] = {t.name: t for t in (GEMMA, CHATML, LLAMA3, LLAMA2, MISTRAL, PHI3, ZEPHYR)}
+BUILTINS: dict[str, BuiltinTemplate] = {
+    t.name: t
+    for t in (GEMMA, CHATML, LLAMA3, LLAMA2, MISTRAL, PHI3, ZEPHYR, GEMMA4, PHI4, PHI4_MINI, GRANITE, MISTRAL_V7_TEKKEN, TULU)
+}
 # ... and every template that can be asked for by name: those, plus localllm's own transcript for base models.
 ALL_TEMPLATES: dict[str, BuiltinTemplate] = {**BUILTINS, TRANSCRIPT.name: TRANSCRIPT}
 
 
 # -- choosing a built-in -------------------------------------------------------------------------------------
 
-_HINT_TOKENS = ("<start_of_turn>", "<|im_start|>", "<|start_header_id|>", "[INST]", "<|user|>", "<|end|>")
+_HINT_TOKENS = (
+    "<start_of_turn>", "<|im_start|>", "<|start_header_id|>", "[INST]", "<|user|>", "<|end|>",
+    "<|turn>", "<|im_sep|>", "<|tool|>", "<|start_of_role|>", "[SYSTEM_PROMPT]",
+)
 
 
 def _vocabulary_hints(meta: Mapping[str, Any]) -> set[str]:
@@ -264,31 +388,54 @@ def _vocabulary_hints(meta: Mapping[str, Any]) -> set[str]:
         return set()
 
 
-def choose_builtin(meta: Mapping[str, Any]) -> str:
-    """The built-in template for a file without its own: by architecture, then vocabulary hints.
+def _named_tulu_style(meta: Mapping[str, Any]) -> bool:
+    """OLMo 2 Instruct and Tulu 3, whose format no special token gives away (their `<|user|>` is plain
+    text, and the OLMo 2 vocabulary has an unused `<|im_start|>`): known by name, as zephyr is."""
+    words = [w for key in _NAME_FIELDS for w in _words(str(meta.get(key) or ""))]
+    pairs = set(zip(words, words[1:]))
+    return "tulu" in words or "olmo2" in words or ("olmo", "2") in pairs
 
-    gemma/gemma2/gemma3 -> gemma; qwen2/qwen3 -> chatml; phi3 -> phi3; llama -> llama3 when the vocabulary
-    has <|start_header_id|>, chatml when it has <|im_start|>, mistral when it has [INST], zephyr for a
-    model named so, else llama2. Unknown architectures go by the same token hints; chatml is the last resort
-    (as in llama.cpp)."""
+
+def choose_builtin(meta: Mapping[str, Any]) -> str:
+    """The built-in template for a file without its own: by vocabulary hints first where a family's turn
+    tokens are its own, then by architecture, then by the other hints.
+
+    `<|turn>` -> gemma4; gemma/gemma2/gemma3 -> gemma; qwen2/qwen3 -> chatml; `<|im_sep|>` -> phi4 and
+    `<|tool|>` with `<|end|>` -> phi4-mini (both are architecture phi3); phi3 -> phi3; `<|start_of_role|>`
+    -> granite; OLMo 2 / Tulu by name -> tulu; llama -> llama3 when the vocabulary has
+    <|start_header_id|>, chatml when it has <|im_start|>, mistral-v7-tekken when it has [SYSTEM_PROMPT],
+    mistral when it has [INST], zephyr for a model named so, else llama2. Unknown architectures go by the
+    same token hints; chatml is the last resort (as in llama.cpp)."""
     arch = str(meta.get("general.architecture") or "").lower()
     model_name = str(meta.get("general.name") or "").lower()
     pre = str(meta.get("tokenizer.ggml.pre") or "").lower()
     hints = _vocabulary_hints(meta)
+    if "<|turn>" in hints:
+        return "gemma4"
     if arch.startswith("gemma"):
         return "gemma"
     if arch.startswith("qwen"):
         return "chatml"
+    if "<|im_sep|>" in hints:
+        return "phi4"
+    if {"<|tool|>", "<|end|>"} <= hints:
+        return "phi4-mini"
     if arch.startswith("phi3"):
         return "phi3"
     if "<start_of_turn>" in hints:
         return "gemma"
+    if "<|start_of_role|>" in hints:
+        return "granite"
+    if _named_tulu_style(meta):
+        return "tulu"
     if "<|start_header_id|>" in hints or pre in ("llama-bpe", "llama3"):
         return "llama3"
     if "<|im_start|>" in hints or pre.startswith("qwen"):
         return "chatml"
     if {"<|user|>", "<|end|>"} <= hints:
         return "phi3"
+    if "[SYSTEM_PROMPT]" in hints:
+        return "mistral-v7-tekken"
     if "[INST]" in hints or arch == "mistral":
         return "mistral"
     if "zephyr" in model_name:

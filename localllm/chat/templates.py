@@ -12,7 +12,8 @@ prompt is the one the model was trained on:
   given), plus any extra keyword variables the caller passes (e.g. `enable_thinking`).
 
 Files without a template get a built-in one (localllm/chat/builtin.py: choose_builtin), chosen from
-the architecture and from hints in the vocabulary (`<start_of_turn>`, `<|im_start|>`, `<|start_header_id|>`, `[INST]`...);
+the architecture and from hints in the vocabulary (`<start_of_turn>`, `<|turn>`, `<|im_start|>`, `<|im_sep|>`,
+`<|start_header_id|>`, `<|start_of_role|>`, `[SYSTEM_PROMPT]`, `[INST]`...);
 a base model, which was never tuned on any of those, gets a plain transcript instead (ChatTemplate.for_model).
 
 A template in a downloaded file is untrusted input: it renders in localllm/chat/sandbox.py, which bounds
@@ -116,7 +117,8 @@ class ChatTemplate:
 
     @classmethod
     def builtin(cls, name: str, bos_token: str = "", eos_token: str = "") -> ChatTemplate:
-        """A built-in template by name: gemma, chatml, llama3, llama2, mistral, phi3, zephyr or transcript."""
+        """A built-in template by name: gemma, gemma4, chatml, llama3, llama2, mistral, mistral-v7-tekken, phi3,
+        phi4, phi4-mini, granite, tulu, zephyr or transcript."""
         spec: BuiltinTemplate | None = ALL_TEMPLATES.get(name)
         if spec is None:
             raise TemplateError(f"no built-in chat template '{name}' (known: {', '.join(sorted(ALL_TEMPLATES))})")

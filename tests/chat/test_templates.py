@@ -54,7 +54,7 @@ WITH_SYSTEM = ("two_turns", "untrimmed")
 WITHOUT_SYSTEM = ("no_system", "single_user")
 
 
-def official_render(name: str, messages, add_generation_prompt: bool, bos: str, eos: str, tools=None) -> str:
+def official_render(name: str, messages, add_generation_prompt: bool, bos: str, eos: str, tools=None, **extra) -> str:
     """Render an official template the way HF transformers does, with plain jinja2 (no localllm code)."""
 
     def raise_exception(message):
@@ -69,7 +69,8 @@ def official_render(name: str, messages, add_generation_prompt: bool, bos: str, 
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     env.filters["tojson"] = hf_tojson
     template = env.from_string((OFFICIAL_DIR / name).read_text(encoding="utf-8"))
-    return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos, tools=tools)
+    return template.render(messages=messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos, tools=tools,
+                           **extra)
 
 
 # (built-in, official file, the BOS and EOS texts of that model family, conversations it is compared on)
@@ -83,6 +84,16 @@ PAIRS = [
     ("mistral", "mistral.jinja", "<s>", "</s>", tuple(CONVERSATIONS)),
     ("phi3", "phi3.jinja", "<s>", "<|endoftext|>", tuple(CONVERSATIONS)),
     ("zephyr", "zephyr.jinja", "<s>", "</s>", tuple(CONVERSATIONS)),
+    ("phi3", "phi3.5.jinja", "<s>", "<|endoftext|>", tuple(CONVERSATIONS)),
+    ("gemma4", "gemma4.jinja", "<bos>", "<eos>", tuple(CONVERSATIONS)),
+    ("phi4", "phi4.jinja", "<|endoftext|>", "<|im_end|>", tuple(CONVERSATIONS)),
+    ("phi4-mini", "phi4-mini.jinja", "<|endoftext|>", "<|endoftext|>", tuple(CONVERSATIONS)),
+    # Granite 3.3, Mistral Small 3.2 and Ministral 3 write a default system prompt (with today's date, for
+    # Granite) when the conversation has none; the built-ins add none, so they are compared with one.
+    ("granite", "granite3.3.jinja", "<|end_of_text|>", "<|end_of_text|>", WITH_SYSTEM),
+    ("mistral-v7-tekken", "mistral-small-3.2.jinja", "<s>", "</s>", WITH_SYSTEM),
+    ("mistral-v7-tekken", "ministral-3.jinja", "<s>", "</s>", WITH_SYSTEM),
+    ("tulu", "olmo2.jinja", "<|endoftext|>", "<|endoftext|>", tuple(CONVERSATIONS)),
 ]
 
 
@@ -126,6 +137,9 @@ LLAMA_CPP_EXPECTED = {
     "llama3": "<|start_header_id|>system<|end_header_id|>\n\nYou are a helpful assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHi there<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWho are you<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nI am an assistant<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nAnother question<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
     "phi3": "<|system|>\nYou are a helpful assistant<|end|>\n<|user|>\nHello<|end|>\n<|assistant|>\nHi there<|end|>\n<|user|>\nWho are you<|end|>\n<|assistant|>\n   I am an assistant   <|end|>\n<|user|>\nAnother question<|end|>\n<|assistant|>\n",
     "mistral": " [INST] You are a helpful assistant\n\nHello [/INST] Hi there</s> [INST] Who are you [/INST]    I am an assistant   </s> [INST] Another question [/INST]",
+    # "ibm-granite/granite-3.0-8b-instruct" and "phi-4" in the same file.
+    "granite": "<|start_of_role|>system<|end_of_role|>You are a helpful assistant<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Hello<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>Hi there<|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Who are you<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>   I am an assistant   <|end_of_text|>\n<|start_of_role|>user<|end_of_role|>Another question<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>",
+    "phi4": "<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|><|im_start|>user<|im_sep|>Hello<|im_end|><|im_start|>assistant<|im_sep|>Hi there<|im_end|><|im_start|>user<|im_sep|>Who are you<|im_end|><|im_start|>assistant<|im_sep|>   I am an assistant   <|im_end|><|im_start|>user<|im_sep|>Another question<|im_end|><|im_start|>assistant<|im_sep|>",
 }
 
 
@@ -134,7 +148,7 @@ def test_builtin_agrees_with_llama_cpp_expected_output(name):
     template = ChatTemplate.builtin(name, eos_token="</s>")
     rendered = template.apply(LLAMA_CPP_CONVERSATION)
     # llama.cpp renders without a BOS; ours starts with the family's BOS text where the format has one.
-    bos = {"chatml": "", "gemma": "<bos>", "llama3": "<|begin_of_text|>", "mistral": "<s>", "phi3": ""}[name]
+    bos = {"chatml": "", "gemma": "<bos>", "llama3": "<|begin_of_text|>", "mistral": "<s>", "phi3": "", "granite": "", "phi4": ""}[name]
     assert rendered == bos + LLAMA_CPP_EXPECTED[name]
 
 
@@ -144,6 +158,123 @@ def test_gemma_builtin_refuses_non_alternating_roles_like_the_official_one():
         official_render("gemma3.jinja", messages, True, "<bos>", "<eos>")
     with pytest.raises(TemplateError, match="alternate"):
         ChatTemplate.builtin("gemma").apply(messages)
+
+
+# -- the published templates of the newer families, rendered in the sandbox --------------------------------
+#
+# The templates the GGUF files of Gemma 2, Gemma 4, Phi-3.5, Phi-4, Phi-4-mini, Granite 3.3, SmolLM3, Mistral
+# Small 3.2, Ministral 3 and OLMo 2 carry (tests/data/chat_templates/SOURCES.md), rendered by localllm's
+# sandbox with a system message and tools where the template takes them: the text must be what plain jinja2
+# renders (HF's setup), and hold the family's role tags, the tool definitions and the generation prompt.
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
+                       "required": ["city"]},
+    },
+}
+
+
+def _phi4_mini_tools_system():
+    # Phi-4-mini reads its tools from the system message's "tools" field, a JSON string.
+    return {"role": "system", "content": "You are a helpful assistant", "tools": json.dumps([WEATHER_TOOL["function"]])}
+
+
+# file: (bos, eos, system message or None, whether `tools=` is used, markers that must appear, generation-prompt ending)
+PUBLISHED = {
+    "gemma2.jinja": ("<bos>", "<eos>", None, False,
+                     ["<bos><start_of_turn>user\nHello<end_of_turn>\n", "<start_of_turn>model\nHi there<end_of_turn>\n"],
+                     "<start_of_turn>model\n"),
+    "gemma4.jinja": ("<bos>", "<eos>", SYSTEM, True,
+                     ["<bos><|turn>system\nYou are a helpful assistant<|tool>declaration:get_weather{description:<|\"|>Get the current weather in a city<|\"|>",
+                      "required:[<|\"|>city<|\"|>]", "<|turn>user\nHello<turn|>\n", "<|turn>model\nHi there<turn|>\n"],
+                     "<|turn>model\n<|channel>thought\n<channel|>"),
+    "phi3.5.jinja": ("<s>", "<|endoftext|>", SYSTEM, False,
+                     ["<|system|>\nYou are a helpful assistant<|end|>\n", "<|user|>\nHello<|end|>\n", "<|assistant|>\nHi there<|end|>\n"],
+                     "<|assistant|>\n"),
+    "phi4.jinja": ("<|endoftext|>", "<|im_end|>", SYSTEM, False,
+                   ["<|im_start|>system<|im_sep|>You are a helpful assistant<|im_end|>", "<|im_start|>user<|im_sep|>Hello<|im_end|>"],
+                   "<|im_start|>assistant<|im_sep|>"),
+    "phi4-mini.jinja": ("<|endoftext|>", "<|endoftext|>", _phi4_mini_tools_system(), False,
+                        ["<|system|>You are a helpful assistant<|tool|>" + json.dumps([WEATHER_TOOL["function"]]) + "<|/tool|><|end|>",
+                         "<|user|>Hello<|end|>", "<|assistant|>Hi there<|end|>"],
+                        "<|assistant|>"),
+    "granite3.3.jinja": ("<|end_of_text|>", "<|end_of_text|>", SYSTEM, True,
+                         ["<|start_of_role|>system<|end_of_role|>You are a helpful assistant<|end_of_text|>\n",
+                          "<|start_of_role|>available_tools<|end_of_role|>" + json.dumps([WEATHER_TOOL], indent=4) + "<|end_of_text|>\n",
+                          "<|start_of_role|>user<|end_of_role|>Hello<|end_of_text|>\n"],
+                         "<|start_of_role|>assistant<|end_of_role|>"),
+    "smollm3.jinja": ("", "<|im_end|>", SYSTEM, False,
+                      ["<|im_start|>system\n## Metadata\n", "## Custom Instructions\n\nYou are a helpful assistant\n\n<|im_end|>\n",
+                       "<|im_start|>user\nHello<|im_end|>\n"],
+                      "<|im_start|>assistant\n"),
+    "mistral-small-3.2.jinja": ("<s>", "</s>", SYSTEM, True,
+                                ["<s>[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT][INST]Hello[/INST]Hi there</s>",
+                                 "[AVAILABLE_TOOLS]" + json.dumps([WEATHER_TOOL]) + "[/AVAILABLE_TOOLS]"],
+                                "[INST]Who are you[/INST]"),
+    "ministral-3.jinja": ("<s>", "</s>", SYSTEM, True,
+                          ["<s>[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT]",
+                           "[AVAILABLE_TOOLS]" + json.dumps([WEATHER_TOOL]) + "[/AVAILABLE_TOOLS]", "[INST]Hello[/INST]Hi there</s>"],
+                          "[INST]Who are you[/INST]"),
+    "olmo2.jinja": ("<|endoftext|>", "<|endoftext|>", SYSTEM, False,
+                    ["<|endoftext|><|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\nHi there<|endoftext|>\n"],
+                    "<|user|>\nWho are you\n<|assistant|>\n"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_template_renders_in_the_sandbox_like_plain_jinja(name):
+    bos, eos, system, uses_tools, markers, prompt_end = PUBLISHED[name]
+    messages = ([system] if system else []) + NO_SYSTEM
+    tools = [WEATHER_TOOL] if uses_tools else None
+    rendered = ChatTemplate((OFFICIAL_DIR / name).read_text(encoding="utf-8"), "gguf", bos, eos).apply(messages, tools=tools)
+    assert rendered == official_render(name, messages, True, bos, eos, tools=tools)
+    for marker in markers:
+        assert marker in rendered, marker
+    assert rendered.endswith(prompt_end)
+    assert rendered.count("Who are you") == 1
+
+
+def test_smollm3_template_takes_enable_thinking():
+    source = (OFFICIAL_DIR / "smollm3.jinja").read_text(encoding="utf-8")
+    template = ChatTemplate(source, "gguf", "", "<|im_end|>")
+    thinking = template.apply(NO_SYSTEM)
+    plain = template.apply(NO_SYSTEM, enable_thinking=False)
+    assert "Reasoning Mode: /think\n" in thinking and thinking.endswith("<|im_start|>assistant\n")
+    assert "Reasoning Mode: /no_think\n" in plain and plain.endswith("<|im_start|>assistant\n<think>\n\n</think>\n")
+    assert plain == official_render("smollm3.jinja", NO_SYSTEM, True, "", "<|im_end|>", enable_thinking=False)
+
+
+# A tool call and its result, as OpenAI-style messages (Mistral's templates insist on 9-character ids).
+TOOL_ROUND_TRIP = [
+    SYSTEM,
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "abcDEF123", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+    {"role": "tool", "content": "18 C, sunny", "tool_call_id": "abcDEF123", "name": "get_weather"},
+]
+
+
+@pytest.mark.parametrize("name, call_marker, result_marker", [
+    ("gemma4.jinja", "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>", "<|tool_response>response:get_weather{value:<|\"|>18 C, sunny<|\"|>}"),
+    ("mistral-small-3.2.jinja", '[TOOL_CALLS]get_weather[CALL_ID]abcDEF123[ARGS]{"city": "Paris"}</s>',
+     "[TOOL_RESULTS]abcDEF123[TOOL_CONTENT]18 C, sunny[/TOOL_RESULTS]"),
+    ("ministral-3.jinja", "[TOOL_CALLS]get_weather[ARGS]", "[TOOL_RESULTS]18 C, sunny[/TOOL_RESULTS]"),
+])
+def test_published_template_renders_a_tool_call_and_its_result(name, call_marker, result_marker):
+    bos, eos = PUBLISHED[name][:2]
+    rendered = ChatTemplate((OFFICIAL_DIR / name).read_text(encoding="utf-8"), "gguf", bos, eos).apply(TOOL_ROUND_TRIP, tools=[WEATHER_TOOL])
+    assert rendered == official_render(name, TOOL_ROUND_TRIP, True, bos, eos, tools=[WEATHER_TOOL])
+    assert call_marker in rendered and result_marker in rendered
+
+
+def test_gemma2_template_refuses_a_system_message_in_the_sandbox_too():
+    source = (OFFICIAL_DIR / "gemma2.jinja").read_text(encoding="utf-8")
+    with pytest.raises(TemplateError, match="System role not supported"):
+        ChatTemplate(source, "gguf", "<bos>", "<eos>").apply(TWO_TURNS)
 
 
 # -- choosing a template from GGUF metadata ------------------------------------------------------------------
@@ -202,6 +333,19 @@ def tokens_with(*specials):
         ({"general.architecture": "llama", "tokenizer.ggml.tokens": tokens_with()}, "llama2"),
         ({"general.architecture": "llama", "general.name": "Zephyr 7B Beta", "tokenizer.ggml.tokens": tokens_with()}, "zephyr"),
         ({"general.architecture": "somethingnew", "tokenizer.ggml.tokens": tokens_with("<start_of_turn>")}, "gemma"),
+        # The new families: each by the turn tokens its vocabulary has (or its name, for OLMo 2 / Tulu 3).
+        ({"general.architecture": "gemma4", "tokenizer.ggml.tokens": tokens_with("<|turn>", "<turn|>")}, "gemma4"),
+        ({"general.architecture": "gemma2", "tokenizer.ggml.tokens": tokens_with("<start_of_turn>")}, "gemma"),
+        ({"general.architecture": "phi3", "tokenizer.ggml.tokens": tokens_with("<|user|>", "<|end|>", "<|assistant|>")}, "phi3"),
+        ({"general.architecture": "phi3", "tokenizer.ggml.tokens": tokens_with("<|im_start|>", "<|im_sep|>")}, "phi4"),
+        ({"general.architecture": "phi3", "tokenizer.ggml.tokens": tokens_with("<|user|>", "<|end|>", "<|tool|>")}, "phi4-mini"),
+        ({"general.architecture": "granite", "tokenizer.ggml.tokens": tokens_with("<|start_of_role|>")}, "granite"),
+        ({"general.architecture": "mistral3", "tokenizer.ggml.tokens": tokens_with("[INST]", "[SYSTEM_PROMPT]")}, "mistral-v7-tekken"),
+        ({"general.architecture": "olmo2", "general.name": "OLMo 2 1124 7B Instruct", "tokenizer.ggml.tokens": tokens_with("<|im_start|>")}, "tulu"),
+        ({"general.architecture": "olmo2", "general.basename": "OLMo-2-0425", "tokenizer.ggml.tokens": tokens_with()}, "tulu"),
+        ({"general.architecture": "llama", "general.name": "Llama 3.1 Tulu 3 8B", "tokenizer.ggml.tokens": tokens_with("<|start_header_id|>")}, "tulu"),
+        ({"general.architecture": "olmo3", "general.name": "Olmo 3 7B Instruct", "tokenizer.ggml.tokens": tokens_with("<|im_start|>")}, "chatml"),
+        ({"general.architecture": "smollm3", "tokenizer.ggml.tokens": tokens_with("<|im_start|>")}, "chatml"),
         ({"general.architecture": "somethingnew"}, "chatml"),
     ],
 )

@@ -46,7 +46,9 @@ def test_at_least_twenty_models_from_the_families_the_issue_names(registry):
     assert len(names) == len(registry.entries) >= 20
     for wanted in ("llama-3.1-8b-instruct", "llama-3.2-1b-instruct", "llama-3.2-3b-instruct", "mistral-7b-instruct-v0.3",
                    "qwen2.5-0.5b-instruct", "qwen2.5-7b-instruct", "qwen3-8b", "gemma-3-270m-it", "gemma-3-12b-it",
-                   "phi-3-mini-4k-instruct", "phi-3.5-mini-instruct", "tinyllama-1.1b-chat"):
+                   "phi-3-mini-4k-instruct", "phi-3.5-mini-instruct", "tinyllama-1.1b-chat",
+                   # the families added with gemma2/phi3/mistral3 support
+                   "gemma-2-2b-it", "gemma-2-9b-it", "phi-4-14b", "phi-4-mini-instruct", "mistral-small-3.1-24b-instruct-2503"):
         assert wanted in names
 
 
@@ -112,6 +114,8 @@ def test_two_entries_claiming_one_name_fail(tmp_path):
 
 def _toml(entry: dict) -> str:
     def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
         if isinstance(v, str):
             return f'"{v}"'
         if isinstance(v, list):
@@ -171,9 +175,15 @@ def test_a_registry_name_not_pulled_is_not_downloaded_without_consent(models_dir
     assert resolve_local("qwen3-8b") is None
 
 
-def test_an_unsupported_architecture_says_so_before_any_download(models_dir):
-    with pytest.raises(UnsupportedArchitecture, match="phi-3-mini-4k-instruct-q4_k_m uses architecture 'phi3'"):
-        resolve_model("phi-3-mini", allow_pull=True)
+def test_an_unsupported_architecture_says_so_before_any_download(models_dir, tmp_path, monkeypatch):
+    # Every shipped entry runs now (Phi-3 was the last one marked `supported = false`), so a registry of one
+    # entry of an architecture no module handles stands in.
+    directory = tmp_path / "registry"
+    directory.mkdir()
+    (directory / "x.toml").write_text(_toml({**_ENTRY, "arch": "somethingnew", "supported": False}))
+    monkeypatch.setattr(reg, "default_registry", lambda: reg.load_registry(directory))
+    with pytest.raises(UnsupportedArchitecture, match="x-1b-instruct-q4_k_m uses architecture 'somethingnew'"):
+        resolve_model("x-1b-instruct", allow_pull=True)
 
 
 def test_a_typo_gets_the_closest_names():
@@ -274,6 +284,13 @@ def test_every_ollama_tag_resolves_to_the_registry_entry_it_names(registry):
     ("phi3", "phi-3-mini-4k-instruct"),
     ("phi3:mini", "phi-3-mini-4k-instruct"),
     ("phi3.5", "phi-3.5-mini-instruct"),
+    ("phi3.5:3.8b", "phi-3.5-mini-instruct"),
+    ("phi4", "phi-4-14b"),
+    ("phi4:14b", "phi-4-14b"),
+    ("phi4-mini", "phi-4-mini-instruct"),
+    ("phi4-mini:3.8b", "phi-4-mini-instruct"),
+    ("gemma2:2b", "gemma-2-2b-it"),
+    ("gemma2:9b", "gemma-2-9b-it"),
     ("tinyllama", "tinyllama-1.1b-chat"),
     ("smollm2", "smollm2-1.7b-instruct"),
     ("deepseek-r1:1.5b", "deepseek-r1-distill-qwen-1.5b"),
