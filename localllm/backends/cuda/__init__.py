@@ -85,7 +85,10 @@ class CUDABackend(Backend):
     def device_name(self) -> str:
         if simulating():
             return "the CUDA simulator"
-        return self.cuda.get_current_device().name.decode() if hasattr(self.cuda, "get_current_device") else "the GPU"
+        if not hasattr(self.cuda, "get_current_device"):
+            return "the GPU"
+        name = self.cuda.get_current_device().name  # bytes in numba's numba.cuda, str in numba-cuda 0.30
+        return name.decode() if isinstance(name, bytes) else str(name)
 
     def memory_info(self) -> tuple[int, int]:
         """(free, total) device bytes; under the simulator (which reports infinity) the host's."""
