@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from localllm.cli.app import main
+from localllm.model.archs import ARCHITECTURES
 
 from tiny_models import write_tiny_model
 
@@ -208,3 +209,17 @@ def test_help_keeps_the_cuda_extra_in_brackets(command):
     )
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'localllm[cuda]'" in proc.stdout
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_run_prints_text_for_every_architecture(capsys, tmp_path, arch):
+    """`localllm run` on a tiny model of each architecture prints its greedy continuation: the text of the
+    tokens that `--json` reports for the same command."""
+    path = write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch, "Q8_0", seed=5)
+    args = ("run", path, "▁ab▁cd▁ef", "-n", "8", "--temperature", "0")
+    code, out, err = run_cli(capsys, *args)
+    assert code == 0, err
+    code, report, err = run_cli(capsys, *args, "--json")
+    assert code == 0, err
+    result = json.loads(report)
+    assert result["tokens"] and out.strip() and out.rstrip("\n") == result["text"].rstrip("\n")
