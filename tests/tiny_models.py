@@ -118,17 +118,31 @@ TINY_ARCHS = {
 ARCH_LAYERS = {arch: spec.n_layer for arch, spec in TINY_ARCHS.items()}
 
 
-def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
+@dataclass(frozen=True)
+class Dims:
+    """A model's sizes (scripts/bench_archs.py writes larger ones; n_layer 0: the architecture's own)."""
+
+    n_embd: int = N_EMBD
+    n_head: int = N_HEAD
+    n_kv: int = N_KV
+    head_dim: int = HEAD_DIM
+    n_ff: int = N_FF
+    n_layer: int = 0
+
+
+def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: Dims = Dims()) -> str:
     """Write a random `arch` model with its matrices in `qtype` (norms and biases F32) to `path`."""
     rng = np.random.default_rng(seed)
     spec = TINY_ARCHS[arch]
+    N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF = dims.n_embd, dims.n_head, dims.n_kv, dims.head_dim, dims.n_ff  # noqa: N806
+    n_layer = dims.n_layer or spec.n_layer
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
     w.add("general.name", f"tiny-{spec.name or arch}-{qtype}")
     for key, value in {
         "context_length": 256,
         "embedding_length": N_EMBD,
-        "block_count": spec.n_layer,
+        "block_count": n_layer,
         "feed_forward_length": N_FF,
         "attention.head_count": N_HEAD,
         "attention.head_count_kv": N_KV,
@@ -169,7 +183,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0) -> str:
         w.add_tensor("rope_factors_long.weight", rng.uniform(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", rng.uniform(1.0, 1.5, HEAD_DIM // 2).astype(np.float32))
     q_out, kv_out = N_HEAD * HEAD_DIM, N_KV * HEAD_DIM
-    for il in range(spec.n_layer):
+    for il in range(n_layer):
         p = f"blk.{il}."
         if spec.pre_norms:
             vector(p + "attn_norm.weight", N_EMBD)

@@ -31,12 +31,18 @@ class Mistral3(Decoder):
     def scale_queries(self, b: Buffers) -> None:
         if not self.temperature_scale:
             return
-        positions = b.positions[: b.n_tokens]
-        # runs of rows whose scale is the same (it changes once per temperature_length positions)
-        buckets = positions // self.temperature_length
-        cuts = np.flatnonzero(np.diff(buckets)) + 1
-        for first, end in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [len(positions)]])):
-            factor = self.query_scale(int(positions[first]))
-            if factor != 1.0:
-                rows = b.q[int(first) : int(end)]
-                self.ops.scale(rows, factor, rows)
+        n, span = b.n_tokens, self.temperature_length
+        if n == 1 or int(b.positions[:n].min()) // span == int(b.positions[:n].max()) // span:
+            self._scale_rows(b, 0, n, int(b.positions[0]))  # one scale for the step's rows
+            return
+        # rows in runs of the same scale (it changes once per temperature_length positions)
+        buckets = b.positions[:n] // self.temperature_length
+        cuts = [0, *(np.flatnonzero(np.diff(buckets)) + 1).tolist(), n]
+        for start, end in zip(cuts[:-1], cuts[1:]):
+            self._scale_rows(b, start, end, int(b.positions[start]))
+
+    def _scale_rows(self, b: Buffers, start: int, end: int, position: int) -> None:
+        factor = self.query_scale(position)
+        if factor != 1.0:
+            rows = b.q[start:end]
+            self.ops.scale(rows, factor, rows)
