@@ -194,7 +194,7 @@ class Model:
         self.session = self.new_session()
 
     def new_session(self) -> Session:
-        return Session(cache=KVCache(self.backend, self.decoder.hp, self.n_ctx))
+        return Session(cache=KVCache(self.backend, self.decoder.hp, self.n_ctx, self.decoder.kv_layout()))
 
     def tokenize(self, text: str, add_bos: Optional[bool] = None, special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_bos=add_bos, parse_special=special)
@@ -245,7 +245,7 @@ class Model:
         rows = min(32, self.n_ctx - 1)
         if rows < 1:
             return
-        cache = KVCache(self.backend, self.decoder.hp, rows + 1)
+        cache = KVCache(self.backend, self.decoder.hp, rows + 1, self.decoder.kv_layout())
         tokens = np.arange(rows, dtype=np.int32) % self.decoder.hp.n_vocab
         self.decoder.forward(tokens, 0, cache)
         self.decoder.forward(tokens[:1], rows, cache)

@@ -94,6 +94,8 @@ def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
     arch = reader.architecture
     md = lambda key, default=None: reader.metadata.get(f"{arch}.{key}", default)  # noqa: E731
     w = load_weights(reader)
+    if arch == "gemma4":
+        return forward_gemma4(md, w, tokens, neox_override)
     n_layer, n_embd = md("block_count"), md("embedding_length")
     n_head = md("attention.head_count")
     n_kv = md("attention.head_count_kv", n_head)
@@ -186,3 +188,59 @@ def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
         cap = md("final_logit_softcapping")
         logits = cap * np.tanh(logits / cap)
     return logits
+
+
+def forward_gemma4(md, w, tokens, neox_override=None) -> np.ndarray:
+    """Gemma 4 (dense), from its definition: local and global layers of different head sizes and RoPE,
+    the last `shared_kv_layers` layers attending over the keys and values of the last local / global
+    layer before them, V RMS-normed without a weight (K's projection where attn_v is absent), unscaled
+    scores, per-layer embeddings added after each feed-forward, a per-layer output scale, soft-capped
+    logits."""
+    n_layer, n_embd, eps = md("block_count"), md("embedding_length"), md("attention.layer_norm_rms_epsilon")
+    n_head, n_kv = md("attention.head_count"), md("attention.head_count_kv")
+    local = list(md("attention.sliding_window_pattern"))
+    window, n_ple = md("attention.sliding_window"), md("embedding_length_per_layer_input", 0)
+    n_kv_layers = n_layer - md("attention.shared_kv_layers", 0)
+    neox = True if neox_override is None else neox_override
+    tokens = np.asarray(tokens)
+    t, positions = len(tokens), np.arange(len(tokens))
+    x = w["token_embd.weight"][tokens] * math.sqrt(n_embd)
+    if n_ple:
+        embedded = w["per_layer_token_embd.weight"][tokens].reshape(t, n_layer, n_ple) * math.sqrt(n_ple)
+        projected = (x @ w["per_layer_model_proj.weight"].T / math.sqrt(n_embd)).reshape(t, n_layer, n_ple)
+        per_layer = (rms_norm(projected, w["per_layer_proj_norm.weight"], eps) + embedded) / math.sqrt(2.0)
+    caches = {}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        if local[il]:
+            head_dim, n_rot = md("attention.key_length_swa"), md("rope.dimension_count_swa")
+            base, factors = md("rope.freq_base_swa", 10000.0), None
+        else:
+            head_dim, n_rot = md("attention.key_length"), md("rope.dimension_count")
+            base, factors = md("rope.freq_base"), w.get("rope_freqs.weight")
+            factors = None if factors is None else factors[: n_rot // 2]
+        h = rms_norm(x, w[p + "attn_norm.weight"], eps)
+        q = rms_norm((h @ w[p + "attn_q.weight"].T).reshape(t, n_head, head_dim), w[p + "attn_q_norm.weight"], eps)
+        q = rope(q, positions, n_rot, base, neox, factors=factors)
+        if il < n_kv_layers:
+            k = (h @ w[p + "attn_k.weight"].T).reshape(t, n_kv, head_dim)
+            v = (h @ w[p + "attn_v.weight"].T).reshape(t, n_kv, head_dim) if p + "attn_v.weight" in w else k
+            v = v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps)
+            k = rope(rms_norm(k, w[p + "attn_k_norm.weight"], eps), positions, n_rot, base, neox, factors=factors)
+            caches[il] = (k, v)
+        else:  # the last local or global layer with its own keys and values
+            k, v = caches[n_kv_layers - (2 if local[il] else 1)]
+        attn = attend(q, k, v, 1.0, window if local[il] else 0).reshape(t, n_head * head_dim)
+        x = x + rms_norm(attn @ w[p + "attn_output.weight"].T, w[p + "post_attention_norm.weight"], eps)
+        h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
+        f = (gelu_tanh(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        x = x + rms_norm(f, w[p + "post_ffw_norm.weight"], eps)
+        if n_ple:
+            g = gelu_tanh(x @ w[p + "inp_gate.weight"].T) * per_layer[:, il]
+            x = x + rms_norm(g @ w[p + "proj.weight"].T, w[p + "post_norm.weight"], eps)
+        if p + "layer_output_scale.weight" in w:
+            x = x * w[p + "layer_output_scale.weight"][0]
+    x = rms_norm(x, w["output_norm.weight"], eps)
+    logits = x @ w.get("output.weight", w["token_embd.weight"]).T
+    cap = md("final_logit_softcapping", 30.0)
+    return cap * np.tanh(logits / cap)

@@ -84,6 +84,16 @@ class TinyArch:
     fused_gate_up: bool = False  # ffn_up.weight [n_embd, 2 * n_ff]: gate rows, then up rows (no ffn_gate)
     longrope: bool = False  # rope_factors_long / rope_factors_short
     name: str = ""  # general.name's stem (default: the architecture)
+    # Gemma 4: local layers (the pattern's True) with heads local_head_dim wide, the last shared_kv
+    # layers reading earlier caches, per-layer embeddings of n_ple values, layers without attn_v, and a
+    # layer_output_scale per layer
+    pattern: tuple = ()
+    local_head_dim: int = 0
+    shared_kv: int = 0
+    n_ple: int = 0
+    no_v_layers: tuple = ()
+    output_scale: bool = False
+    qk_norm_mean: float = 1.0  # Q/K norm weights: Gemma 4 scales no scores, so smaller norms keep them O(1)
     embd_std: float = 0.5  # token_embd std; 1/sqrt(E) keeps logits O(1) unless the arch scales embeddings
 
 
@@ -98,6 +108,13 @@ TINY_ARCHS = {
     "gemma2": TinyArch(n_layer=4, post_norms=True, embd_std=0.05,
                        metadata={"attention.sliding_window": WINDOW, "attn_logit_softcapping": 2.0,
                                  "final_logit_softcapping": 3.0}),
+    # six layers, local and global alternating (heads 64 and 128 wide), the last two sharing the caches of
+    # layers 2 and 3; per-layer embeddings; layer 1 without attn_v; logits soft-capped at llama.cpp's
+    # default 30 (no key)
+    "gemma4": TinyArch(n_layer=6, rope_base=1000000.0, qk_norm="head", post_norms=True, embd_std=0.2, rope_freqs=True,
+                       pattern=(True, False, True, False, True, False), local_head_dim=64, shared_kv=2, n_ple=256,
+                       no_v_layers=(1,), output_scale=True, qk_norm_mean=0.25,
+                       metadata={"attention.sliding_window": WINDOW, "rope.freq_base_swa": 10000.0}),
     "olmo2": TinyArch(output=True, pre_norms=False, post_norms=True, qk_norm="full", rope_base=500000.0),
     # four layers: llama.cpp leaves RoPE out of every fourth
     "smollm3": TinyArch(n_layer=4, rope_base=5000000.0),
@@ -139,20 +156,35 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
     w.add("general.name", f"tiny-{spec.name or arch}-{qtype}")
-    for key, value in {
+    shapes = {
         "context_length": 256,
         "embedding_length": N_EMBD,
         "block_count": n_layer,
         "feed_forward_length": N_FF,
         "attention.head_count": N_HEAD,
         "attention.head_count_kv": N_KV,
-        "attention.key_length": HEAD_DIM,
-        "attention.value_length": HEAD_DIM,
-        "rope.dimension_count": HEAD_DIM,
-    }.items():
+    }
+    if not spec.local_head_dim:
+        shapes.update({"attention.key_length": HEAD_DIM, "attention.value_length": HEAD_DIM,
+                       "rope.dimension_count": HEAD_DIM})
+    for key, value in shapes.items():
         w.add(f"{arch}.{key}", value, ValueType.UINT32)
     w.add(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
     w.add(f"{arch}.rope.freq_base", spec.rope_base)
+    head_dim_full = HEAD_DIM * 2 if spec.local_head_dim else HEAD_DIM
+    if spec.local_head_dim:  # Gemma 4: global heads twice as wide as the local ones
+        w.add(f"{arch}.attention.key_length", head_dim_full, ValueType.UINT32)
+        w.add(f"{arch}.attention.value_length", head_dim_full, ValueType.UINT32)
+        w.add(f"{arch}.rope.dimension_count", head_dim_full, ValueType.UINT32)
+        w.add(f"{arch}.attention.key_length_swa", spec.local_head_dim, ValueType.UINT32)
+        w.add(f"{arch}.attention.value_length_swa", spec.local_head_dim, ValueType.UINT32)
+        w.add(f"{arch}.rope.dimension_count_swa", spec.local_head_dim, ValueType.UINT32)
+    if spec.pattern:
+        w.add(f"{arch}.attention.sliding_window_pattern", [bool(v) for v in spec.pattern])
+    if spec.shared_kv:
+        w.add(f"{arch}.attention.shared_kv_layers", spec.shared_kv, ValueType.UINT32)
+    if spec.n_ple:
+        w.add(f"{arch}.embedding_length_per_layer_input", spec.n_ple, ValueType.UINT32)
     for key, value in spec.metadata.items():
         if isinstance(value, str):
             w.add(f"{arch}.{key}", value)
@@ -178,21 +210,30 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
     if spec.output:
         matrix("output.weight", N_EMBD, N_VOCAB, std=0.1)
     if spec.rope_freqs:
-        w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
+        w.add_tensor("rope_freqs.weight", rng.uniform(1.0, 8.0, head_dim_full // 2).astype(np.float32))
     if spec.longrope:
         w.add_tensor("rope_factors_long.weight", rng.uniform(1.0, 8.0, HEAD_DIM // 2).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", rng.uniform(1.0, 1.5, HEAD_DIM // 2).astype(np.float32))
-    q_out, kv_out = N_HEAD * HEAD_DIM, N_KV * HEAD_DIM
+    if spec.n_ple:
+        matrix("per_layer_token_embd.weight", spec.n_ple * n_layer, N_VOCAB, std=0.5)
+        matrix("per_layer_model_proj.weight", N_EMBD, spec.n_ple * n_layer)
+        vector("per_layer_proj_norm.weight", spec.n_ple)
     for il in range(n_layer):
         p = f"blk.{il}."
+        layer_head_dim = spec.local_head_dim if spec.pattern and spec.pattern[il] else head_dim_full
+        q_out, kv_out = N_HEAD * layer_head_dim, N_KV * layer_head_dim
+        has_kv = il < n_layer - spec.shared_kv
         if spec.pre_norms:
             vector(p + "attn_norm.weight", N_EMBD)
-        if spec.fused_qkv:
+        if not has_kv:
+            matrix(p + "attn_q.weight", N_EMBD, q_out)
+        elif spec.fused_qkv:
             matrix(p + "attn_qkv.weight", N_EMBD, q_out + 2 * kv_out)
         else:
             matrix(p + "attn_q.weight", N_EMBD, q_out)
             matrix(p + "attn_k.weight", N_EMBD, kv_out)
-            matrix(p + "attn_v.weight", N_EMBD, kv_out)
+            if il not in spec.no_v_layers:
+                matrix(p + "attn_v.weight", N_EMBD, kv_out)
         matrix(p + "attn_output.weight", q_out, N_EMBD)
         if spec.pre_norms:
             vector(p + "ffn_norm.weight", N_EMBD)
@@ -206,11 +247,19 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
             for name, n in (("attn_q.bias", q_out), ("attn_k.bias", kv_out), ("attn_v.bias", kv_out)):
                 vector(p + name, n, mean=0.0, std=0.5)
         if spec.qk_norm:
-            vector(p + "attn_q_norm.weight", HEAD_DIM if spec.qk_norm == "head" else q_out)
-            vector(p + "attn_k_norm.weight", HEAD_DIM if spec.qk_norm == "head" else kv_out)
+            vector(p + "attn_q_norm.weight", layer_head_dim if spec.qk_norm == "head" else q_out, mean=spec.qk_norm_mean)
+            if has_kv:
+                vector(p + "attn_k_norm.weight", layer_head_dim if spec.qk_norm == "head" else kv_out,
+                       mean=spec.qk_norm_mean)
         if spec.post_norms:
             vector(p + "post_attention_norm.weight", N_EMBD)
             vector(p + "post_ffw_norm.weight", N_EMBD)
+        if spec.n_ple:
+            matrix(p + "inp_gate.weight", N_EMBD, spec.n_ple)
+            matrix(p + "proj.weight", spec.n_ple, N_EMBD)
+            vector(p + "post_norm.weight", N_EMBD)
+        if spec.output_scale:
+            vector(p + "layer_output_scale.weight", 1, mean=0.8, std=0.1)
     w.write()
     return str(path)
 

@@ -117,7 +117,7 @@ class Engine:
         n_blocks = PagedKVCache.blocks_for_bytes(self.decoder.hp, int(cache_mb * 2**20), block_size)
         if n_blocks < 2:
             raise LocalLLMError(f"--cache-mb {cache_mb:g} holds fewer than 2 KV blocks of {block_size} tokens")
-        self.cache = PagedKVCache(model.backend, self.decoder.hp, n_blocks, block_size)
+        self.cache = PagedKVCache(model.backend, self.decoder.hp, n_blocks, block_size, self.decoder.kv_layout())
         self.pool = self.cache.pool
         self.block_size = block_size
         # A sequence can never hold more positions than the context or the whole pool.

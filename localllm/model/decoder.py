@@ -9,6 +9,7 @@ backend ops. An architecture module subclasses it, sets its class-level conventi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -37,6 +38,32 @@ class KVCacheTooLarge(LocalLLMError):
         )
 
 
+@dataclass(frozen=True)
+class LayerKV:
+    """One layer's KV cache shape, for an architecture whose layers differ (Decoder.kv_layout): its KV
+    heads and head size, and the layer whose cache it reads (itself, or an earlier layer it shares)."""
+
+    n_head_kv: int
+    head_dim: int
+    source: int
+
+
+def layer_caches(ops: Backend, hp: HParams, lead: tuple, dtype, layout: Optional[list] = None):
+    """Per-layer K and V buffers [*lead, n_head_kv, head_dim]: the same shape for every layer, or each
+    layer's from `layout` (a layer that reads an earlier layer's cache gets that layer's buffers)."""
+    keys, values = [], []
+    for il in range(hp.n_layer):
+        spec = layout[il] if layout else LayerKV(hp.n_head_kv, hp.head_dim, il)
+        if spec.source != il:
+            keys.append(keys[spec.source])
+            values.append(values[spec.source])
+            continue
+        shape = (*lead, spec.n_head_kv, spec.head_dim)
+        keys.append(ops.alloc(shape, dtype))
+        values.append(ops.alloc(shape, dtype))
+    return keys, values
+
+
 class KVCache:
     """Per-layer K and V, float16 [n_ctx, n_head_kv, head_dim], indexed by absolute position.
 
@@ -46,11 +73,9 @@ class KVCache:
 
     DTYPE = np.float16
 
-    def __init__(self, ops: Backend, hp: HParams, n_ctx: int):
+    def __init__(self, ops: Backend, hp: HParams, n_ctx: int, layout: Optional[list] = None):
         self.n_ctx = n_ctx
-        shape = (n_ctx, hp.n_head_kv, hp.head_dim)
-        self.k = [ops.alloc(shape, self.DTYPE) for _ in range(hp.n_layer)]
-        self.v = [ops.alloc(shape, self.DTYPE) for _ in range(hp.n_layer)]
+        self.k, self.v = layer_caches(ops, hp, (n_ctx,), self.DTYPE, layout)
 
     @staticmethod
     def bytes_needed(hp: HParams, n_ctx: int) -> int:
@@ -124,6 +149,10 @@ class Decoder:
         if "rope_factors_long.weight" in w and self.n_ctx > self.hp.rope_scaling.orig_ctx:
             return w["rope_factors_long.weight"]
         return w.get("rope_factors_short.weight")
+
+    def kv_layout(self) -> Optional[list[LayerKV]]:
+        """Each layer's KV cache shape and source, where layers differ (None: all [n_head_kv, head_dim])."""
+        return None
 
     def use_context(self, n_ctx: int) -> None:
         """The model now runs with a context of n_ctx tokens (LongRoPE's factors depend on it)."""

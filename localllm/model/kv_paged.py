@@ -179,12 +179,12 @@ class PagedKVCache:
 
     DTYPE = np.float16
 
-    def __init__(self, ops: Backend, hp: HParams, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE):
+    def __init__(self, ops: Backend, hp: HParams, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, layout=None):
+        from .decoder import layer_caches
+
         self.block_size = block_size
         self.pool = BlockPool(n_blocks, block_size)
-        shape = (n_blocks, block_size, hp.n_head_kv, hp.head_dim)
-        self.k = [ops.alloc(shape, self.DTYPE) for _ in range(hp.n_layer)]
-        self.v = [ops.alloc(shape, self.DTYPE) for _ in range(hp.n_layer)]
+        self.k, self.v = layer_caches(ops, hp, (n_blocks, block_size), self.DTYPE, layout)  # see Decoder.kv_layout
 
     @staticmethod
     def bytes_per_block(hp: HParams, block_size: int = DEFAULT_BLOCK_SIZE) -> int:

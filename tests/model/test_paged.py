@@ -280,10 +280,10 @@ def test_every_architecture_batched_step_gives_single_sequence_logits(tmp_path, 
     first, second = [2, *range(300, 312)], [2, *range(320, 339)]  # 13 and 20 tokens
     refs = {}
     for name, ids in (("first", first), ("second", second)):
-        cache = KVCache(model.backend, dec.hp, 64)
+        cache = KVCache(model.backend, dec.hp, 64, dec.kv_layout())
         refs[name] = dec.forward(np.asarray(ids, np.int32), 0, cache).copy()[-1]
         refs[name + "+"] = dec.forward(np.asarray([42], np.int32), len(ids), cache).copy()[0]
-    paged = PagedKVCache(model.backend, dec.hp, 16, BS)
+    paged = PagedKVCache(model.backend, dec.hp, 16, BS, dec.kv_layout())
     seqs = {"first": SequenceBlocks(), "second": SequenceBlocks()}
     for name, ids in (("first", first), ("second", second)):
         paged.pool.reserve(6)

@@ -67,7 +67,7 @@ def exercise(decoder) -> None:
     # a prompt long enough that every norm, rotation and activation runs its parallel kernel (the
     # smallest of them: keys, n_head_kv * head_dim per row)
     long = max(BLAS_MIN_ROWS, -(-SMALL_OP_WORK // min(hp.n_embd, hp.n_head_kv * hp.head_dim)))
-    cache = KVCache(decoder.ops, hp, max(deep, long) + 1)
+    cache = KVCache(decoder.ops, hp, max(deep, long) + 1, decoder.kv_layout())
     tokens = np.arange(long, dtype=np.int32) % hp.n_vocab
     for rows in (2, TILE_MIN_ROWS, BLAS_MIN_ROWS, long):
         decoder.forward(tokens[:rows], 0, cache)

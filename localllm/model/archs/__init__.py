@@ -12,6 +12,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen3": ("qwen3", "Qwen3"),
     "gemma2": ("gemma2", "Gemma2"),
     "gemma3": ("gemma3", "Gemma3"),
+    "gemma4": ("gemma4", "Gemma4"),
     "olmo2": ("olmo2", "Olmo2"),
     "smollm3": ("smollm3", "SmolLM3"),
     "granite": ("granite", "Granite"),

@@ -1,0 +1,268 @@
+"""Gemma 4 (dense text models): `general.architecture = gemma4`.
+
+Gemma 3's block (archs/gemma3.py: norms with the +1 folded in, four norms per block, per-head Q/K norms,
+embeddings scaled by sqrt(n_embd), GELU-tanh gate, NeoX RoPE) with these differences, as llama.cpp's
+src/models/gemma4.cpp computes them:
+- Local and global layers differ in shape: `attention.sliding_window_pattern` (one flag per layer,
+  required) marks the local ones, whose heads are `attention.key_length_swa` wide and rotate
+  `rope.dimension_count_swa` dims at base `rope.freq_base_swa` (10,000 when absent) without scaling;
+  global layers use `attention.key_length`, `rope.dimension_count`, `rope.freq_base` and the divisors of
+  `rope_freqs.weight`.
+- The last `attention.shared_kv_layers` layers compute no K or V: each reads the cache of the last local
+  (or global) layer before them, as llama.cpp's layer reuse does.
+- V is RMS-normed without a weight; a layer without attn_v uses its K projection (before K's norm) as V.
+  Scores are not scaled (the Q/K norms do it).
+- Per-layer embeddings (`embedding_length_per_layer_input` = P > 0): per_layer_token_embd gives each
+  token P values per layer (times sqrt(P)), added to per_layer_model_proj of the scaled embeddings (times
+  1/sqrt(n_embd), RMS-normed per layer by per_layer_proj_norm), the sum times 1/sqrt(2). After its
+  feed-forward, layer il adds post_norm(proj(gelu(inp_gate(x)) * those P values of layer il)).
+- `blk.N.layer_output_scale` (one float), when present, scales the residual stream after layer N.
+- The output projection is output.weight when present, else token_embd; logits soft-capped by
+  `final_logit_softcapping` (30 when absent, llama.cpp's default).
+Mixture-of-experts layers (ffn_gate_inp) are refused.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...errors import UnsupportedArchitecture
+from ..buffers import Buffers
+from ..decoder import Decoder, KVCache, LayerKV
+from ..hparams import MAX_WIDTH
+from ..rope import LayerRope, layer_rope
+from ..weights import TensorSpec
+
+LOCAL_ROPE_BASE = 10000.0
+FINAL_SOFTCAP = 30.0
+
+
+def _rows(buffer, n_tokens: int, *shape):
+    """The first n_tokens rows of `buffer` seen as [n_tokens, *shape] (a view of its leading elements:
+    layers narrower than the widest use the buffers sized for it)."""
+    return buffer.reshape(-1)[: n_tokens * int(np.prod(shape))].reshape(n_tokens, *shape)
+
+
+class Gemma4(Decoder):
+    ROPE_NEOX = True
+    ACTIVATION = "gelu_tanh"
+    QK_NORM = True
+
+    def read_extra(self, reader) -> None:
+        meta, key, hp = reader.metadata, reader.arch_key, self.hp
+        if "blk.0.ffn_gate_inp.weight" in self.file_tensors:
+            raise UnsupportedArchitecture("Gemma 4 mixture-of-experts models are not supported yet (dense ones are)")
+        pattern_key = key("attention.sliding_window_pattern")
+        pattern = meta.get(pattern_key)
+        if not (isinstance(pattern, np.ndarray) and pattern.dtype == bool and len(pattern) == hp.n_layer):
+            meta.fail(pattern_key, f"must be {hp.n_layer} booleans, one per layer")
+        self.local = [bool(flag) for flag in pattern]
+        self.sliding_window = meta.get_int(key("attention.sliding_window"), min=1)
+        self.head_dim_local = meta.get_int(key("attention.key_length_swa"), hp.head_dim, min=2, max=hp.head_dim)
+        if meta.get_int(key("attention.value_length_swa"), self.head_dim_local) != self.head_dim_local or \
+                meta.get_int(key("attention.value_length"), hp.head_dim) != hp.head_dim:
+            meta.fail(key("attention.value_length"), "must equal the key length (Gemma 4)")
+        self.n_rot_local = meta.get_int(key("rope.dimension_count_swa"), hp.n_rot, min=2, max=self.head_dim_local)
+        self.local_rope_base = meta.get_float(key("rope.freq_base_swa"), LOCAL_ROPE_BASE, above=0.0)
+        self.final_softcap = meta.get_float(key("final_logit_softcapping"), FINAL_SOFTCAP, min=0.0)
+        n_shared = meta.get_int(key("attention.shared_kv_layers"), 0, min=0, max=max(0, hp.n_layer - 2))
+        self.n_kv_layers = hp.n_layer - n_shared
+        if n_shared and not (self.local[self.n_kv_layers - 2] and not self.local[self.n_kv_layers - 1]):
+            meta.fail(key("attention.shared_kv_layers"), "the two layers before the shared ones must be local, then global")
+        self.n_ple = meta.get_int(key("embedding_length_per_layer_input"), 0, min=0, max=MAX_WIDTH)
+        n_ff = meta.get(key("feed_forward_length"))
+        self.n_ff = [int(v) for v in n_ff] if isinstance(n_ff, np.ndarray) else [hp.n_ff] * hp.n_layer
+        if len(self.n_ff) != hp.n_layer or min(self.n_ff) < 1:
+            meta.fail(key("feed_forward_length"), f"must be one positive length or {hp.n_layer} of them")
+        self._ropes: dict[int, LayerRope] = {}
+        self._extra: dict[int, dict] = {}
+
+    # -- shapes per layer ---------------------------------------------------------------------------------
+    def head_dim(self, il: int) -> int:
+        return self.head_dim_local if self.local[il] else self.hp.head_dim
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose KV cache layer il reads (llama.cpp's layer reuse for the shared layers)."""
+        if il < self.n_kv_layers:
+            return il
+        return self.n_kv_layers - (2 if self.local[il] else 1)
+
+    def kv_layout(self) -> list[LayerKV]:
+        return [LayerKV(self.hp.n_head_kv, self.head_dim(il), self.kv_source(il)) for il in range(self.hp.n_layer)]
+
+    def layer_window(self, il: int) -> int:
+        return self.sliding_window if self.local[il] else 0
+
+    def attention_scale(self) -> float:
+        return 1.0
+
+    def layer_rope_args(self, il: int) -> LayerRope:
+        rope = self._ropes.get(il)
+        if rope is None:
+            hp = self.hp
+            if self.local[il]:
+                rope = layer_rope(hp.rope_scaling, self.n_rot_local, self.local_rope_base, 1.0, None)
+            else:
+                divisors = self.w.get("rope_freqs.weight")
+                divisors = None if divisors is None else divisors[: hp.n_rot // 2]
+                rope = layer_rope(hp.rope_scaling, hp.n_rot, hp.rope_base, hp.rope_freq_scale, divisors)
+            self._ropes[il] = rope
+        return rope
+
+    # -- tensors ------------------------------------------------------------------------------------------
+    def tensor_specs(self) -> list[TensorSpec]:
+        hp, e = self.hp, self.hp.n_embd
+        specs = [
+            TensorSpec("token_embd.weight", (e, hp.n_vocab)),
+            TensorSpec("output_norm.weight", (e,), vector=True),
+            TensorSpec("output.weight", (e, hp.n_vocab), optional=True),
+            TensorSpec("rope_freqs.weight", (hp.head_dim // 2,), optional=True, vector=True),
+        ]
+        if self.n_ple:
+            width = self.n_ple * hp.n_layer
+            specs += [
+                TensorSpec("per_layer_token_embd.weight", (width, hp.n_vocab)),
+                TensorSpec("per_layer_model_proj.weight", (e, width)),
+                TensorSpec("per_layer_proj_norm.weight", (self.n_ple,), vector=True),
+            ]
+        for il in range(hp.n_layer):
+            specs += self.block_specs(il)
+        return specs
+
+    def block_specs(self, il: int) -> list[TensorSpec]:
+        hp, p, e, d, f = self.hp, f"blk.{il}.", self.hp.n_embd, self.head_dim(il), self.n_ff[il]
+        q_out, kv_out = hp.n_head * d, hp.n_head_kv * d
+        specs = [
+            TensorSpec(p + "attn_norm.weight", (e,), vector=True),
+            TensorSpec(p + "attn_q.weight", (e, q_out)),
+            TensorSpec(p + "attn_q_norm.weight", (d,), vector=True),
+            TensorSpec(p + "attn_output.weight", (q_out, e)),
+            TensorSpec(p + "post_attention_norm.weight", (e,), vector=True),
+            TensorSpec(p + "ffn_norm.weight", (e,), vector=True),
+            TensorSpec(p + "ffn_gate.weight", (e, f)),
+            TensorSpec(p + "ffn_up.weight", (e, f)),
+            TensorSpec(p + "ffn_down.weight", (f, e)),
+            TensorSpec(p + "post_ffw_norm.weight", (e,), vector=True),
+            TensorSpec(p + "layer_output_scale.weight", (1,), optional=True, vector=True),
+        ]
+        if self.kv_source(il) == il:
+            specs += [
+                TensorSpec(p + "attn_k.weight", (e, kv_out)),
+                TensorSpec(p + "attn_v.weight", (e, kv_out), optional=True),  # absent: V is K's projection
+                TensorSpec(p + "attn_k_norm.weight", (d,), vector=True),
+            ]
+        if self.n_ple:
+            specs += [
+                TensorSpec(p + "inp_gate.weight", (e, self.n_ple)),
+                TensorSpec(p + "proj.weight", (self.n_ple, e)),
+                TensorSpec(p + "post_norm.weight", (e,), vector=True),
+            ]
+        return specs
+
+    # -- the forward pass ---------------------------------------------------------------------------------
+    def _extra_buffers(self, n_tokens: int) -> dict:
+        """Per-step arrays beyond Buffers: the per-layer inputs [T, n_layer * P], their embedding part,
+        layer il's inputs [T, P] and its gate [T, P]; the rows of layer il in the per-layer inputs seen
+        as [T * n_layer, P]; a weight of ones for V's norm (per head size)."""
+        extra = self._extra.get(n_tokens)
+        if extra is None:
+            if len(self._extra) > 6:
+                self._extra.clear()
+            hp, ops, width = self.hp, self.ops, self.n_ple * self.hp.n_layer
+            extra = self._extra[n_tokens] = {
+                "inputs": ops.alloc((n_tokens, width)) if self.n_ple else None,
+                "embedded": ops.alloc((n_tokens, width)) if self.n_ple else None,
+                "layer": ops.alloc((n_tokens, self.n_ple)) if self.n_ple else None,
+                "gate": ops.alloc((n_tokens, self.n_ple)) if self.n_ple else None,
+                "rows": (np.arange(n_tokens, dtype=np.int32)[None, :] * hp.n_layer
+                         + np.arange(hp.n_layer, dtype=np.int32)[:, None]),
+            }
+        return extra
+
+    def embed(self, tokens: np.ndarray, b: Buffers) -> None:
+        ops, w, hp = self.ops, self.w, self.hp
+        super().embed(tokens, b)
+        ops.scale(b.x, math.sqrt(hp.n_embd), b.x)
+        if not self.n_ple:
+            return
+        extra = self._extra_buffers(b.n_tokens)
+        inputs, embedded = extra["inputs"], extra["embedded"]
+        ops.embed(w["per_layer_token_embd.weight"], tokens, embedded)
+        ops.scale(embedded, math.sqrt(self.n_ple), embedded)
+        self.linear(b, w["per_layer_model_proj.weight"], b.x, inputs)
+        ops.scale(inputs, 1.0 / math.sqrt(hp.n_embd), inputs)
+        ops.rms_norm(inputs, w["per_layer_proj_norm.weight"], hp.eps, inputs)  # per layer: P at a time
+        ops.add(inputs, embedded, inputs)
+        ops.scale(inputs, 1.0 / math.sqrt(2.0), inputs)
+
+    def block(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
+        ops, w, eps, p, t = self.ops, self.w, self.hp.eps, f"blk.{il}.", b.n_tokens
+        ops.rms_norm(b.x, w[p + "attn_norm.weight"], eps, b.h)
+        self._attention(il, b, start, cache)
+        ops.rms_norm(b.o, w[p + "post_attention_norm.weight"], eps, b.o)
+        ops.add(b.x, b.o, b.x)
+        ops.rms_norm(b.x, w[p + "ffn_norm.weight"], eps, b.h)
+        gate, up = _rows(b.gate, t, self.n_ff[il]), _rows(b.up, t, self.n_ff[il])
+        self.linear(b, w[p + "ffn_gate.weight"], b.h, gate)
+        self.linear(b, w[p + "ffn_up.weight"], b.h, up)
+        ops.gated_act(gate, up, gate, self.ACTIVATION)
+        self.linear(b, w[p + "ffn_down.weight"], gate, b.o)
+        ops.rms_norm(b.o, w[p + "post_ffw_norm.weight"], eps, b.o)
+        ops.add(b.x, b.o, b.x)
+        if self.n_ple:
+            self._per_layer_input(il, b)
+        scale = w.get(p + "layer_output_scale.weight")
+        if scale is not None:
+            ops.scale(b.x, float(scale[0]), b.x)
+
+    def _per_layer_input(self, il: int, b: Buffers) -> None:
+        """x += post_norm(proj(gelu(inp_gate(x)) * the per-layer inputs of layer il))."""
+        ops, w, p = self.ops, self.w, f"blk.{il}."
+        extra = self._extra_buffers(b.n_tokens)
+        gate, layer = extra["gate"], extra["layer"]
+        ops.take_rows(extra["inputs"].reshape(-1, self.n_ple), extra["rows"][il], layer)
+        self.linear(b, w[p + "inp_gate.weight"], b.x, gate)
+        ops.gated_act(gate, layer, gate, self.ACTIVATION)
+        self.linear(b, w[p + "proj.weight"], gate, b.o)
+        ops.rms_norm(b.o, w[p + "post_norm.weight"], self.hp.eps, b.o)
+        ops.add(b.x, b.o, b.x)
+
+    def _attention(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
+        """b.o <- attention(b.h) for layer il, in its own head size; K and V stored unless shared."""
+        ops, w, hp, p, t = self.ops, self.w, self.hp, f"blk.{il}.", b.n_tokens
+        d = self.head_dim(il)
+        rope = self.layer_rope_args(il)
+        n_rot = self.n_rot_local if self.local[il] else hp.n_rot
+        q = _rows(b.q, t, hp.n_head, d)
+        self.linear(b, w[p + "attn_q.weight"], b.h, q.reshape(t, -1))
+        ops.rms_norm(q, w[p + "attn_q_norm.weight"], hp.eps, q)
+        ops.rope(q, b.positions, n_rot, rope.base, True, rope.divisors, rope.freq_scale, rope.mscale)
+        if self.kv_source(il) == il:
+            k, v = _rows(b.k, t, hp.n_head_kv, d), _rows(b.v, t, hp.n_head_kv, d)
+            self.linear(b, w[p + "attn_k.weight"], b.h, k.reshape(t, -1))
+            if p + "attn_v.weight" in w:
+                self.linear(b, w[p + "attn_v.weight"], b.h, v.reshape(t, -1))
+            else:
+                ops.scale(k, 1.0, v)  # V is K's projection, before K's norm and rotation
+            ops.rms_norm(k, w[p + "attn_k_norm.weight"], hp.eps, k)
+            ops.rms_norm(v, self._ones(d), hp.eps, v)
+            ops.rope(k, b.positions, n_rot, rope.base, True, rope.divisors, rope.freq_scale, rope.mscale)
+            cache.store(ops, il, k, v, start)
+        attn = _rows(b.attn, t, hp.n_head, d)
+        cache.attend(ops, il, q, start, self.attention_scale(), self.layer_window(il), attn)
+        self.linear(b, w[p + "attn_output.weight"], attn.reshape(t, -1), b.o)
+
+    def _ones(self, n: int) -> np.ndarray:
+        ones = self._extra.get(("ones", n))
+        if ones is None:
+            ones = self._extra[("ones", n)] = np.ones(n, dtype=np.float32)
+        return ones
+
+    def finish_logits(self, logits) -> None:
+        if self.final_softcap:
+            self.ops.softcap(logits, self.final_softcap, logits)
+
+    def layer_rope(self, il: int) -> tuple[float, float]:  # the shared decoder's view (unused by _attention)
+        return (self.local_rope_base, 1.0) if self.local[il] else (self.hp.rope_base, self.hp.rope_freq_scale)
