@@ -48,7 +48,11 @@ def test_at_least_twenty_models_from_the_families_the_issue_names(registry):
                    "qwen2.5-0.5b-instruct", "qwen2.5-7b-instruct", "qwen3-8b", "gemma-3-270m-it", "gemma-3-12b-it",
                    "phi-3-mini-4k-instruct", "phi-3.5-mini-instruct", "tinyllama-1.1b-chat",
                    # the families added with gemma2/phi3/mistral3 support
-                   "gemma-2-2b-it", "gemma-2-9b-it", "phi-4-14b", "phi-4-mini-instruct", "mistral-small-3.1-24b-instruct-2503"):
+                   "gemma-2-2b-it", "gemma-2-9b-it", "phi-4-14b", "phi-4-mini-instruct", "mistral-small-3.1-24b-instruct-2503",
+                   # and with smollm3/granite/olmo2, and more of mistral3/gemma2
+                   "smollm3-3b", "granite-3.3-2b-instruct", "granite-3.3-8b-instruct", "olmo-2-1b-instruct",
+                   "olmo-2-7b-instruct", "mistral-small-3.2-24b-instruct-2506", "ministral-3-3b-instruct-2512",
+                   "gemma-2-27b-it"):
         assert wanted in names
 
 
