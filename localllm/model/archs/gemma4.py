@@ -25,6 +25,7 @@ Mixture-of-experts layers (ffn_gate_inp) are refused.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -42,7 +43,7 @@ FINAL_SOFTCAP = 30.0
 def _rows(buffer, n_tokens: int, *shape):
     """The first n_tokens rows of `buffer` seen as [n_tokens, *shape] (a view of its leading elements:
     layers narrower than the widest use the buffers sized for it)."""
-    return buffer.reshape(-1)[: n_tokens * int(np.prod(shape))].reshape(n_tokens, *shape)
+    return buffer.reshape(-1)[: n_tokens * math.prod(shape)].reshape(n_tokens, *shape)
 
 
 class Gemma4(Decoder):
@@ -78,6 +79,7 @@ class Gemma4(Decoder):
             meta.fail(key("feed_forward_length"), f"must be one positive length or {hp.n_layer} of them")
         self._ropes: dict[int, LayerRope] = {}
         self._extra: dict[int, dict] = {}
+        self._plans: dict[int, SimpleNamespace] = {}
 
     # -- shapes per layer ---------------------------------------------------------------------------------
     def head_dim(self, il: int) -> int:
@@ -179,6 +181,8 @@ class Gemma4(Decoder):
                 "rows": (np.arange(n_tokens, dtype=np.int32)[None, :] * hp.n_layer
                          + np.arange(hp.n_layer, dtype=np.int32)[:, None]),
             }
+            if self.n_ple:
+                extra["inputs_by_layer"] = extra["inputs"].reshape(-1, self.n_ple)  # [T * n_layer, P]
         return extra
 
     def embed(self, tokens: np.ndarray, b: Buffers) -> None:
@@ -197,68 +201,89 @@ class Gemma4(Decoder):
         ops.add(inputs, embedded, inputs)
         ops.scale(inputs, 1.0 / math.sqrt(2.0), inputs)
 
+    def _layer(self, il: int) -> SimpleNamespace:
+        """Layer il's weights and settings, looked up once (a decode step walks every layer)."""
+        plan = self._plans.get(il)
+        if plan is None:
+            w, p, hp = self.w, f"blk.{il}.", self.hp
+            scale = w.get(p + "layer_output_scale.weight")
+            plan = self._plans[il] = SimpleNamespace(
+                **{name: w.get(p + name + ".weight") for name in (
+                    "attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_v", "attn_k_norm", "attn_output",
+                    "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
+                    "inp_gate", "proj", "post_norm")},
+                has_kv=self.kv_source(il) == il, window=self.layer_window(il), rope=self.layer_rope_args(il),
+                n_rot=self.n_rot_local if self.local[il] else hp.n_rot, ones=np.ones(self.head_dim(il), np.float32),
+                output_scale=None if scale is None else float(scale[0]))
+        return plan
+
     def block(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
-        ops, w, eps, p, t = self.ops, self.w, self.hp.eps, f"blk.{il}.", b.n_tokens
-        ops.rms_norm(b.x, w[p + "attn_norm.weight"], eps, b.h)
-        self._attention(il, b, start, cache)
-        ops.rms_norm(b.o, w[p + "post_attention_norm.weight"], eps, b.o)
+        ops, eps, layer = self.ops, self.hp.eps, self._layer(il)
+        views = self._views(b, il)
+        ops.rms_norm(b.x, layer.attn_norm, eps, b.h)
+        self._attention(il, layer, views, b, start, cache)
+        ops.rms_norm(b.o, layer.post_attention_norm, eps, b.o)
         ops.add(b.x, b.o, b.x)
-        ops.rms_norm(b.x, w[p + "ffn_norm.weight"], eps, b.h)
-        gate, up = _rows(b.gate, t, self.n_ff[il]), _rows(b.up, t, self.n_ff[il])
-        self.linear(b, w[p + "ffn_gate.weight"], b.h, gate)
-        self.linear(b, w[p + "ffn_up.weight"], b.h, up)
+        ops.rms_norm(b.x, layer.ffn_norm, eps, b.h)
+        gate, up = views["gate"], views["up"]
+        self.linear(b, layer.ffn_gate, b.h, gate)
+        self.linear(b, layer.ffn_up, b.h, up)
         ops.gated_act(gate, up, gate, self.ACTIVATION)
-        self.linear(b, w[p + "ffn_down.weight"], gate, b.o)
-        ops.rms_norm(b.o, w[p + "post_ffw_norm.weight"], eps, b.o)
+        self.linear(b, layer.ffn_down, gate, b.o)
+        ops.rms_norm(b.o, layer.post_ffw_norm, eps, b.o)
         ops.add(b.x, b.o, b.x)
         if self.n_ple:
-            self._per_layer_input(il, b)
-        scale = w.get(p + "layer_output_scale.weight")
-        if scale is not None:
-            ops.scale(b.x, float(scale[0]), b.x)
+            self._per_layer_input(il, layer, b)
+        if layer.output_scale is not None:
+            ops.scale(b.x, layer.output_scale, b.x)
 
-    def _per_layer_input(self, il: int, b: Buffers) -> None:
+    def _per_layer_input(self, il: int, layer: SimpleNamespace, b: Buffers) -> None:
         """x += post_norm(proj(gelu(inp_gate(x)) * the per-layer inputs of layer il))."""
-        ops, w, p = self.ops, self.w, f"blk.{il}."
+        ops = self.ops
         extra = self._extra_buffers(b.n_tokens)
-        gate, layer = extra["gate"], extra["layer"]
-        ops.take_rows(extra["inputs"].reshape(-1, self.n_ple), extra["rows"][il], layer)
-        self.linear(b, w[p + "inp_gate.weight"], b.x, gate)
-        ops.gated_act(gate, layer, gate, self.ACTIVATION)
-        self.linear(b, w[p + "proj.weight"], gate, b.o)
-        ops.rms_norm(b.o, w[p + "post_norm.weight"], self.hp.eps, b.o)
+        gate, inputs = extra["gate"], extra["layer"]
+        ops.take_rows(extra["inputs_by_layer"], extra["rows"][il], inputs)
+        self.linear(b, layer.inp_gate, b.x, gate)
+        ops.gated_act(gate, inputs, gate, self.ACTIVATION)
+        self.linear(b, layer.proj, gate, b.o)
+        ops.rms_norm(b.o, layer.post_norm, self.hp.eps, b.o)
         ops.add(b.x, b.o, b.x)
 
-    def _attention(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
+    def _views(self, b: Buffers, il: int) -> dict:
+        """Layer il's views of b's buffers in its own head size and feed-forward length, made once per
+        Buffers object and row count (Buffers.head copies the attribute: the row count tells them apart)."""
+        views = vars(b).setdefault("_gemma4_views", {})
+        key = (b.n_tokens, il)
+        found = views.get(key)
+        if found is None:
+            hp, t, d, f = self.hp, b.n_tokens, self.head_dim(il), self.n_ff[il]
+            q, k, v = _rows(b.q, t, hp.n_head, d), _rows(b.k, t, hp.n_head_kv, d), _rows(b.v, t, hp.n_head_kv, d)
+            attn = _rows(b.attn, t, hp.n_head, d)
+            found = views[key] = {"q": q, "q2": q.reshape(t, -1), "k": k, "k2": k.reshape(t, -1), "v": v,
+                                  "v2": v.reshape(t, -1), "attn": attn, "attn2": attn.reshape(t, -1),
+                                  "gate": _rows(b.gate, t, f), "up": _rows(b.up, t, f)}
+        return found
+
+    def _attention(self, il: int, layer: SimpleNamespace, views: dict, b: Buffers, start: int, cache: KVCache) -> None:
         """b.o <- attention(b.h) for layer il, in its own head size; K and V stored unless shared."""
-        ops, w, hp, p, t = self.ops, self.w, self.hp, f"blk.{il}.", b.n_tokens
-        d = self.head_dim(il)
-        rope = self.layer_rope_args(il)
-        n_rot = self.n_rot_local if self.local[il] else hp.n_rot
-        q = _rows(b.q, t, hp.n_head, d)
-        self.linear(b, w[p + "attn_q.weight"], b.h, q.reshape(t, -1))
-        ops.rms_norm(q, w[p + "attn_q_norm.weight"], hp.eps, q)
+        ops, eps, rope, n_rot = self.ops, self.hp.eps, layer.rope, layer.n_rot
+        q = views["q"]
+        self.linear(b, layer.attn_q, b.h, views["q2"])
+        ops.rms_norm(q, layer.attn_q_norm, eps, q)
         ops.rope(q, b.positions, n_rot, rope.base, True, rope.divisors, rope.freq_scale, rope.mscale)
-        if self.kv_source(il) == il:
-            k, v = _rows(b.k, t, hp.n_head_kv, d), _rows(b.v, t, hp.n_head_kv, d)
-            self.linear(b, w[p + "attn_k.weight"], b.h, k.reshape(t, -1))
-            if p + "attn_v.weight" in w:
-                self.linear(b, w[p + "attn_v.weight"], b.h, v.reshape(t, -1))
+        if layer.has_kv:
+            k, v = views["k"], views["v"]
+            self.linear(b, layer.attn_k, b.h, views["k2"])
+            if layer.attn_v is not None:
+                self.linear(b, layer.attn_v, b.h, views["v2"])
             else:
                 ops.scale(k, 1.0, v)  # V is K's projection, before K's norm and rotation
-            ops.rms_norm(k, w[p + "attn_k_norm.weight"], hp.eps, k)
-            ops.rms_norm(v, self._ones(d), hp.eps, v)
+            ops.rms_norm(k, layer.attn_k_norm, eps, k)
+            ops.rms_norm(v, layer.ones, eps, v)
             ops.rope(k, b.positions, n_rot, rope.base, True, rope.divisors, rope.freq_scale, rope.mscale)
             cache.store(ops, il, k, v, start)
-        attn = _rows(b.attn, t, hp.n_head, d)
-        cache.attend(ops, il, q, start, self.attention_scale(), self.layer_window(il), attn)
-        self.linear(b, w[p + "attn_output.weight"], attn.reshape(t, -1), b.o)
-
-    def _ones(self, n: int) -> np.ndarray:
-        ones = self._extra.get(("ones", n))
-        if ones is None:
-            ones = self._extra[("ones", n)] = np.ones(n, dtype=np.float32)
-        return ones
+        cache.attend(ops, il, q, start, 1.0, layer.window, views["attn"])  # unscaled scores
+        self.linear(b, layer.attn_output, views["attn2"], b.o)
 
     def finish_logits(self, logits) -> None:
         if self.final_softcap:
