@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -137,22 +138,28 @@ ARCH_LAYERS = {arch: spec.n_layer for arch, spec in TINY_ARCHS.items()}
 
 @dataclass(frozen=True)
 class Dims:
-    """A model's sizes (scripts/bench_archs.py writes larger ones; n_layer 0: the architecture's own)."""
+    """A model's sizes (scripts/bench_archs.py writes larger ones). None: the module's constant at the
+    time of the call (tests/backends/cuda/cuda_checks.py shrinks those for the simulator); n_layer None:
+    the architecture's own."""
 
-    n_embd: int = N_EMBD
-    n_head: int = N_HEAD
-    n_kv: int = N_KV
-    head_dim: int = HEAD_DIM
-    n_ff: int = N_FF
-    n_layer: int = 0
+    n_embd: Optional[int] = None
+    n_head: Optional[int] = None
+    n_kv: Optional[int] = None
+    head_dim: Optional[int] = None
+    n_ff: Optional[int] = None
+    n_layer: Optional[int] = None
 
 
 def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: Dims = Dims()) -> str:
     """Write a random `arch` model with its matrices in `qtype` (norms and biases F32) to `path`."""
     rng = np.random.default_rng(seed)
     spec = TINY_ARCHS[arch]
-    N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF = dims.n_embd, dims.n_head, dims.n_kv, dims.head_dim, dims.n_ff  # noqa: N806
-    n_layer = dims.n_layer or spec.n_layer
+    sizes = globals()
+    N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF = (  # noqa: N806
+        sizes[name] if value is None else value
+        for name, value in (("N_EMBD", dims.n_embd), ("N_HEAD", dims.n_head), ("N_KV", dims.n_kv),
+                            ("HEAD_DIM", dims.head_dim), ("N_FF", dims.n_ff)))
+    n_layer = dims.n_layer or ARCH_LAYERS[arch]  # ARCH_LAYERS: cuda_checks.py shrinks it too
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
     w.add("general.name", f"tiny-{spec.name or arch}-{qtype}")
