@@ -55,10 +55,14 @@ def read_ahead_if_small(reader: GGUFReader) -> bool:
 
 
 def _kv_bytes_per_token(reader) -> int:
+    from .model.archs import ARCHITECTURES
     from .model.hparams import HParams
 
     hp = HParams.from_reader(reader, n_vocab=1)
-    return KVCache.bytes_needed(hp, 1)
+    # An architecture whose layers' caches differ says how (an unsupported one counts as uniform: load
+    # refuses it anyway, and `show` only describes it)
+    layout = architecture_class(reader.architecture).kv_layout_of(reader, hp) if reader.architecture in ARCHITECTURES else None
+    return KVCache.bytes_needed(hp, 1, layout)
 
 
 def estimate_memory(path, n_ctx: Optional[int] = None, check: bool = False) -> MemoryEstimate:

@@ -114,7 +114,8 @@ class Engine:
         self.parallel = parallel
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
-        n_blocks = PagedKVCache.blocks_for_bytes(self.decoder.hp, int(cache_mb * 2**20), block_size)
+        n_blocks = PagedKVCache.blocks_for_bytes(self.decoder.hp, int(cache_mb * 2**20), block_size,
+                                                 self.decoder.kv_layout())
         if n_blocks < 2:
             raise LocalLLMError(f"--cache-mb {cache_mb:g} holds fewer than 2 KV blocks of {block_size} tokens")
         self.cache = PagedKVCache(model.backend, self.decoder.hp, n_blocks, block_size, self.decoder.kv_layout())

@@ -64,6 +64,14 @@ def layer_caches(ops: Backend, hp: HParams, lead: tuple, dtype, layout: Optional
     return keys, values
 
 
+def kv_bytes_per_position(hp: HParams, dtype, layout: Optional[list] = None) -> int:
+    """K and V bytes of one position over all layers (a layer reading another's cache adds none)."""
+    if not layout:
+        return 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * np.dtype(dtype).itemsize
+    own = [spec for il, spec in enumerate(layout) if spec.source == il]
+    return 2 * sum(spec.n_head_kv * spec.head_dim for spec in own) * np.dtype(dtype).itemsize
+
+
 class KVCache:
     """Per-layer K and V, float16 [n_ctx, n_head_kv, head_dim], indexed by absolute position.
 
@@ -78,8 +86,8 @@ class KVCache:
         self.k, self.v = layer_caches(ops, hp, (n_ctx,), self.DTYPE, layout)
 
     @staticmethod
-    def bytes_needed(hp: HParams, n_ctx: int) -> int:
-        return 2 * hp.n_layer * n_ctx * hp.n_head_kv * hp.head_dim * np.dtype(KVCache.DTYPE).itemsize
+    def bytes_needed(hp: HParams, n_ctx: int, layout: Optional[list] = None) -> int:
+        return n_ctx * kv_bytes_per_position(hp, KVCache.DTYPE, layout)
 
     # The two things attention asks of a cache; PagedBatch (model/kv_paged.py) answers them for a
     # multi-sequence step, so architecture code never knows which cache it runs on.
@@ -152,6 +160,11 @@ class Decoder:
 
     def kv_layout(self) -> Optional[list[LayerKV]]:
         """Each layer's KV cache shape and source, where layers differ (None: all [n_head_kv, head_dim])."""
+        return None
+
+    @classmethod
+    def kv_layout_of(cls, reader, hp: HParams) -> Optional[list[LayerKV]]:
+        """kv_layout from the file's metadata alone (load's memory estimate runs before any model)."""
         return None
 
     def use_context(self, n_ctx: int) -> None:

@@ -187,12 +187,14 @@ class PagedKVCache:
         self.k, self.v = layer_caches(ops, hp, (n_blocks, block_size), self.DTYPE, layout)  # see Decoder.kv_layout
 
     @staticmethod
-    def bytes_per_block(hp: HParams, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-        return 2 * hp.n_layer * block_size * hp.n_head_kv * hp.head_dim * np.dtype(PagedKVCache.DTYPE).itemsize
+    def bytes_per_block(hp: HParams, block_size: int = DEFAULT_BLOCK_SIZE, layout=None) -> int:
+        from .decoder import kv_bytes_per_position
+
+        return block_size * kv_bytes_per_position(hp, PagedKVCache.DTYPE, layout)
 
     @classmethod
-    def blocks_for_bytes(cls, hp: HParams, n_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-        return int(n_bytes // cls.bytes_per_block(hp, block_size))
+    def blocks_for_bytes(cls, hp: HParams, n_bytes: int, block_size: int = DEFAULT_BLOCK_SIZE, layout=None) -> int:
+        return int(n_bytes // cls.bytes_per_block(hp, block_size, layout))
 
 
 @dataclass

@@ -200,3 +200,16 @@ def test_prompt_over_context_raises_with_the_numbers(tiny):
     assert err.value.n_tokens >= 20 and err.value.n_ctx == 16
     with pytest.raises(LocalLLMError):
         localllm.load(tiny("llama"), n_ctx=8)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_memory_estimate_counts_the_kv_cache_load_allocates(tiny, arch):
+    """estimate_memory's KV bytes (from metadata alone) equal the bytes of the cache a session holds:
+    Gemma 4's narrower local layers and shared layers included."""
+    from localllm.api import estimate_memory
+
+    path = tiny(arch)
+    model = localllm.load(path, n_ctx=64, threads=2)
+    cache = model.session.cache
+    allocated = sum(a.nbytes for a in {id(a): a for a in cache.k + cache.v}.values())
+    assert estimate_memory(path, n_ctx=64).kv_bytes == model.memory.kv_bytes == allocated

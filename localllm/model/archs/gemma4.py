@@ -25,6 +25,7 @@ Mixture-of-experts layers (ffn_gate_inp) are refused.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -46,6 +47,46 @@ def _rows(buffer, n_tokens: int, *shape):
     return buffer.reshape(-1)[: n_tokens * math.prod(shape)].reshape(n_tokens, *shape)
 
 
+@dataclass(frozen=True)
+class LayerShapes:
+    """Which layers are local, the local head size, and how many layers keep their own KV cache, from the
+    file's metadata (shared by the model and load's memory estimate, which runs before any model)."""
+
+    local: list
+    head_dim_local: int
+    n_kv_layers: int
+
+    @classmethod
+    def read(cls, reader, hp) -> "LayerShapes":
+        meta, key = reader.metadata, reader.arch_key
+        pattern_key = key("attention.sliding_window_pattern")
+        pattern = meta.get(pattern_key)
+        if not (isinstance(pattern, np.ndarray) and pattern.dtype == bool and len(pattern) == hp.n_layer):
+            meta.fail(pattern_key, f"must be {hp.n_layer} booleans, one per layer")
+        local = [bool(flag) for flag in pattern]
+        head_dim_local = meta.get_int(key("attention.key_length_swa"), hp.head_dim, min=2, max=hp.head_dim)
+        if meta.get_int(key("attention.value_length_swa"), head_dim_local) != head_dim_local or \
+                meta.get_int(key("attention.value_length"), hp.head_dim) != hp.head_dim:
+            meta.fail(key("attention.value_length"), "must equal the key length (Gemma 4)")
+        n_shared = meta.get_int(key("attention.shared_kv_layers"), 0, min=0, max=max(0, hp.n_layer - 2))
+        n_kv_layers = hp.n_layer - n_shared
+        if n_shared and not (local[n_kv_layers - 2] and not local[n_kv_layers - 1]):
+            meta.fail(key("attention.shared_kv_layers"), "the two layers before the shared ones must be local, then global")
+        return cls(local, head_dim_local, n_kv_layers)
+
+    def head_dim(self, il: int, hp) -> int:
+        return self.head_dim_local if self.local[il] else hp.head_dim
+
+    def kv_source(self, il: int) -> int:
+        """The layer whose KV cache layer il reads (llama.cpp's layer reuse for the shared layers)."""
+        if il < self.n_kv_layers:
+            return il
+        return self.n_kv_layers - (2 if self.local[il] else 1)
+
+    def kv_layout(self, hp) -> list[LayerKV]:
+        return [LayerKV(hp.n_head_kv, self.head_dim(il, hp), self.kv_source(il)) for il in range(hp.n_layer)]
+
+
 class Gemma4(Decoder):
     ROPE_NEOX = True
     ACTIVATION = "gelu_tanh"
@@ -55,23 +96,12 @@ class Gemma4(Decoder):
         meta, key, hp = reader.metadata, reader.arch_key, self.hp
         if "blk.0.ffn_gate_inp.weight" in self.file_tensors:
             raise UnsupportedArchitecture("Gemma 4 mixture-of-experts models are not supported yet (dense ones are)")
-        pattern_key = key("attention.sliding_window_pattern")
-        pattern = meta.get(pattern_key)
-        if not (isinstance(pattern, np.ndarray) and pattern.dtype == bool and len(pattern) == hp.n_layer):
-            meta.fail(pattern_key, f"must be {hp.n_layer} booleans, one per layer")
-        self.local = [bool(flag) for flag in pattern]
+        self.shapes = LayerShapes.read(reader, hp)
+        self.local, self.head_dim_local, self.n_kv_layers = self.shapes.local, self.shapes.head_dim_local, self.shapes.n_kv_layers
         self.sliding_window = meta.get_int(key("attention.sliding_window"), min=1)
-        self.head_dim_local = meta.get_int(key("attention.key_length_swa"), hp.head_dim, min=2, max=hp.head_dim)
-        if meta.get_int(key("attention.value_length_swa"), self.head_dim_local) != self.head_dim_local or \
-                meta.get_int(key("attention.value_length"), hp.head_dim) != hp.head_dim:
-            meta.fail(key("attention.value_length"), "must equal the key length (Gemma 4)")
         self.n_rot_local = meta.get_int(key("rope.dimension_count_swa"), hp.n_rot, min=2, max=self.head_dim_local)
         self.local_rope_base = meta.get_float(key("rope.freq_base_swa"), LOCAL_ROPE_BASE, above=0.0)
         self.final_softcap = meta.get_float(key("final_logit_softcapping"), FINAL_SOFTCAP, min=0.0)
-        n_shared = meta.get_int(key("attention.shared_kv_layers"), 0, min=0, max=max(0, hp.n_layer - 2))
-        self.n_kv_layers = hp.n_layer - n_shared
-        if n_shared and not (self.local[self.n_kv_layers - 2] and not self.local[self.n_kv_layers - 1]):
-            meta.fail(key("attention.shared_kv_layers"), "the two layers before the shared ones must be local, then global")
         self.n_ple = meta.get_int(key("embedding_length_per_layer_input"), 0, min=0, max=MAX_WIDTH)
         n_ff = meta.get(key("feed_forward_length"))
         self.n_ff = [int(v) for v in n_ff] if isinstance(n_ff, np.ndarray) else [hp.n_ff] * hp.n_layer
@@ -82,17 +112,18 @@ class Gemma4(Decoder):
         self._plans: dict[int, SimpleNamespace] = {}
 
     # -- shapes per layer ---------------------------------------------------------------------------------
+    @classmethod
+    def kv_layout_of(cls, reader, hp) -> list[LayerKV]:
+        return LayerShapes.read(reader, hp).kv_layout(hp)
+
     def head_dim(self, il: int) -> int:
-        return self.head_dim_local if self.local[il] else self.hp.head_dim
+        return self.shapes.head_dim(il, self.hp)
 
     def kv_source(self, il: int) -> int:
-        """The layer whose KV cache layer il reads (llama.cpp's layer reuse for the shared layers)."""
-        if il < self.n_kv_layers:
-            return il
-        return self.n_kv_layers - (2 if self.local[il] else 1)
+        return self.shapes.kv_source(il)
 
     def kv_layout(self) -> list[LayerKV]:
-        return [LayerKV(self.hp.n_head_kv, self.head_dim(il), self.kv_source(il)) for il in range(self.hp.n_layer)]
+        return self.shapes.kv_layout(self.hp)
 
     def layer_window(self, il: int) -> int:
         return self.sliding_window if self.local[il] else 0
