@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "model")]
 
+from test_llamacpp_archs import CLEAR_MARGIN, FLOAT_RTOL, QUANT_RTOL  # noqa: E402  (the CPU test's tolerances)
 from tiny_models import ORACLE_PROMPTS, ORACLE_TYPES, file_sha256, oracle_model  # noqa: E402
-
-FLOAT_RTOL, QUANT_RTOL, CLEAR_MARGIN = 2e-3, 4e-2, 0.5  # as tests/model/test_llamacpp_archs.py
 
 
 def main() -> int:

@@ -127,7 +127,8 @@ class Decoder:
         self.read_extra(reader)
         self.w: BoundWeights = bind_weights(reader, self.tensor_specs(), backend)
         self.n_ctx = self.hp.context_length  # the context the model runs at (use_context)
-        self._ropes: dict = {}  # (base, freq_scale, id(divisors)) -> LayerRope
+        self._ropes: dict = {}  # (base, freq_scale, id(divisors), yarn, n_rot) -> (divisors, LayerRope)
+        self._layer_ropes: dict = {}  # layer -> (LayerRope, n_rot), as rotate uses them
         self._buffers: dict[int, Buffers] = {}
         self._logits: dict[int, np.ndarray] = {}
         self._batch = BatchBuffers(backend, self.hp)  # forward_batch's buffers, grown on demand
@@ -143,6 +144,10 @@ class Decoder:
     def layer_rope(self, il: int) -> tuple[float, float]:
         """(RoPE base, frequency scale) of layer il."""
         return self.hp.rope_base, self.hp.rope_freq_scale
+
+    def layer_n_rot(self, il: int) -> int:
+        """How many dims of each head layer il rotates (Gemma 4's local and global layers differ)."""
+        return self.hp.n_rot
 
     def layer_yarn(self, il: int) -> Optional[bool]:
         """Whether layer il applies the file's YaRN scaling (None: as the file says)."""
@@ -170,6 +175,7 @@ class Decoder:
     def use_context(self, n_ctx: int) -> None:
         """The model now runs with a context of n_ctx tokens (LongRoPE's factors depend on it)."""
         self.n_ctx = n_ctx
+        self._layer_ropes.clear()
 
     def layer_has_rope(self, il: int) -> bool:
         """Whether layer il rotates Q and K (some architectures leave RoPE out of some layers)."""
@@ -271,23 +277,30 @@ class Decoder:
             ops.rms_norm(b.q, w[p + "attn_q_norm.weight"], hp.eps, b.q)
             ops.rms_norm(b.k, w[p + "attn_k_norm.weight"], hp.eps, b.k)
         if self.layer_has_rope(il):
-            r = self.rope_of_layer(il)
-            ops.rope(b.q, b.positions, hp.n_rot, r.base, self.ROPE_NEOX, r.divisors, r.freq_scale, r.mscale)
-            ops.rope(b.k, b.positions, hp.n_rot, r.base, self.ROPE_NEOX, r.divisors, r.freq_scale, r.mscale)
+            self.rotate(il, b, b.q)
+            self.rotate(il, b, b.k)
         self.scale_queries(b)
         cache.store(ops, il, b.k, b.v, start)
         cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn, self.attention_softcap())
         self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
 
+    def rotate(self, il: int, b: Buffers, x) -> None:
+        """RoPE of layer il on x [T, H, D] (b.q, b.k, or a layer's views of them), at b.positions."""
+        found = self._layer_ropes.get(il)
+        if found is None:  # looked up once per layer (use_context forgets them: LongRoPE's factors may change)
+            found = self._layer_ropes[il] = (self.rope_of_layer(il), self.layer_n_rot(il))
+        r, n_rot = found
+        self.ops.rope(x, b.positions, n_rot, r.base, self.ROPE_NEOX, r.divisors, r.freq_scale, r.mscale)
+
     def rope_of_layer(self, il: int) -> LayerRope:
         """The rope op's arguments for layer il (model/rope.py), made once per distinct setting: the same
         divisor array each step, so the backends' per-array caches hold."""
         base, freq_scale = self.layer_rope(il)
-        divisors, yarn = self.rope_divisors(il), self.layer_yarn(il)
-        key = (base, freq_scale, id(divisors), yarn)
+        divisors, yarn, n_rot = self.rope_divisors(il), self.layer_yarn(il), self.layer_n_rot(il)
+        key = (base, freq_scale, id(divisors), yarn, n_rot)
         cached = self._ropes.get(key)
         if cached is None or cached[0] is not divisors:
-            rope = layer_rope(self.hp.rope_scaling, self.hp.n_rot, base, freq_scale, divisors, yarn)
+            rope = layer_rope(self.hp.rope_scaling, n_rot, base, freq_scale, divisors, yarn)
             cached = self._ropes[key] = (divisors, rope)
         return cached[1]
 

@@ -213,3 +213,16 @@ def test_memory_estimate_counts_the_kv_cache_load_allocates(tiny, arch):
     cache = model.session.cache
     allocated = sum(a.nbytes for a in {id(a): a for a in cache.k + cache.v}.values())
     assert estimate_memory(path, n_ctx=64).kv_bytes == model.memory.kv_bytes == allocated
+
+
+def test_longrope_factors_follow_the_context(tiny):
+    """Phi-3's LongRoPE: the short factors within rope.scaling.original_context_length (32 in the tiny
+    model), the long ones past it, chosen again when the context is resized."""
+    path = tiny("phi3")
+    prompt = PROMPT[:12]
+    short = localllm.load(path, n_ctx=16, threads=2)
+    long = localllm.load(path, n_ctx=64, threads=2)
+    at_16, at_64 = short.logits(prompt), long.logits(prompt)
+    assert max_rel_error(at_16, at_64) > 1e-2
+    short.resize_context(64)
+    np.testing.assert_array_equal(short.logits(prompt), at_64)

@@ -32,9 +32,8 @@ import numpy as np
 
 from ...errors import UnsupportedArchitecture
 from ..buffers import Buffers
-from ..decoder import Decoder, KVCache, LayerKV
+from ..decoder import Decoder, KVCache, LayerKV, sliding_window_layers
 from ..hparams import MAX_WIDTH
-from ..rope import LayerRope, layer_rope
 from ..weights import TensorSpec
 
 LOCAL_ROPE_BASE = 10000.0
@@ -60,10 +59,9 @@ class LayerShapes:
     def read(cls, reader, hp) -> "LayerShapes":
         meta, key = reader.metadata, reader.arch_key
         pattern_key = key("attention.sliding_window_pattern")
-        pattern = meta.get(pattern_key)
-        if not (isinstance(pattern, np.ndarray) and pattern.dtype == bool and len(pattern) == hp.n_layer):
+        if not isinstance(meta.get(pattern_key), np.ndarray):  # llama.cpp requires the per-layer flags
             meta.fail(pattern_key, f"must be {hp.n_layer} booleans, one per layer")
-        local = [bool(flag) for flag in pattern]
+        local = sliding_window_layers(reader, hp.n_layer, period=0)
         head_dim_local = meta.get_int(key("attention.key_length_swa"), hp.head_dim, min=2, max=hp.head_dim)
         if meta.get_int(key("attention.value_length_swa"), head_dim_local) != head_dim_local or \
                 meta.get_int(key("attention.value_length"), hp.head_dim) != hp.head_dim:
@@ -107,7 +105,7 @@ class Gemma4(Decoder):
         self.n_ff = [int(v) for v in n_ff] if isinstance(n_ff, np.ndarray) else [hp.n_ff] * hp.n_layer
         if len(self.n_ff) != hp.n_layer or min(self.n_ff) < 1:
             meta.fail(key("feed_forward_length"), f"must be one positive length or {hp.n_layer} of them")
-        self._ropes: dict[int, LayerRope] = {}
+        self._global_divisors = None
         self._extra: dict[int, dict] = {}
         self._plans: dict[int, SimpleNamespace] = {}
 
@@ -131,18 +129,19 @@ class Gemma4(Decoder):
     def attention_scale(self) -> float:
         return 1.0
 
-    def layer_rope_args(self, il: int) -> LayerRope:
-        rope = self._ropes.get(il)
-        if rope is None:
-            hp = self.hp
-            if self.local[il]:
-                rope = layer_rope(hp.rope_scaling, self.n_rot_local, self.local_rope_base, 1.0, None)
-            else:
-                divisors = self.w.get("rope_freqs.weight")
-                divisors = None if divisors is None else divisors[: hp.n_rot // 2]
-                rope = layer_rope(hp.rope_scaling, hp.n_rot, hp.rope_base, hp.rope_freq_scale, divisors)
-            self._ropes[il] = rope
-        return rope
+    def layer_rope(self, il: int) -> tuple[float, float]:
+        return (self.local_rope_base, 1.0) if self.local[il] else (self.hp.rope_base, self.hp.rope_freq_scale)
+
+    def layer_n_rot(self, il: int) -> int:
+        return self.n_rot_local if self.local[il] else self.hp.n_rot
+
+    def rope_divisors(self, il: int):
+        """Global layers only: rope_freqs.weight's first n_rot/2 entries (the file holds head_dim/2)."""
+        if self.local[il] or "rope_freqs.weight" not in self.w:
+            return None
+        if self._global_divisors is None:
+            self._global_divisors = np.ascontiguousarray(self.w["rope_freqs.weight"][: self.hp.n_rot // 2])
+        return self._global_divisors
 
     # -- tensors ------------------------------------------------------------------------------------------
     def tensor_specs(self) -> list[TensorSpec]:
@@ -243,8 +242,8 @@ class Gemma4(Decoder):
                     "attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_v", "attn_k_norm", "attn_output",
                     "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
                     "inp_gate", "proj", "post_norm")},
-                has_kv=self.kv_source(il) == il, window=self.layer_window(il), rope=self.layer_rope_args(il),
-                n_rot=self.n_rot_local if self.local[il] else hp.n_rot, ones=np.ones(self.head_dim(il), np.float32),
+                has_kv=self.kv_source(il) == il, window=self.layer_window(il),
+                ones=np.ones(self.head_dim(il), np.float32),
                 output_scale=None if scale is None else float(scale[0]))
         return plan
 
@@ -297,11 +296,11 @@ class Gemma4(Decoder):
 
     def _attention(self, il: int, layer: SimpleNamespace, views: dict, b: Buffers, start: int, cache: KVCache) -> None:
         """b.o <- attention(b.h) for layer il, in its own head size; K and V stored unless shared."""
-        ops, eps, rope, n_rot = self.ops, self.hp.eps, layer.rope, layer.n_rot
+        ops, eps = self.ops, self.hp.eps
         q = views["q"]
         self.linear(b, layer.attn_q, b.h, views["q2"])
         ops.rms_norm(q, layer.attn_q_norm, eps, q)
-        ops.rope(q, b.positions, n_rot, rope.base, True, rope.divisors, rope.freq_scale, rope.mscale)
+        self.rotate(il, b, q)
         if layer.has_kv:
             k, v = views["k"], views["v"]
             self.linear(b, layer.attn_k, b.h, views["k2"])
@@ -311,7 +310,7 @@ class Gemma4(Decoder):
                 ops.scale(k, 1.0, v)  # V is K's projection, before K's norm and rotation
             ops.rms_norm(k, layer.attn_k_norm, eps, k)
             ops.rms_norm(v, layer.ones, eps, v)
-            ops.rope(k, b.positions, n_rot, rope.base, True, rope.divisors, rope.freq_scale, rope.mscale)
+            self.rotate(il, b, k)
             cache.store(ops, il, k, v, start)
         cache.attend(ops, il, q, start, 1.0, layer.window, views["attn"])  # unscaled scores
         self.linear(b, layer.attn_output, views["attn2"], b.o)
@@ -319,6 +318,3 @@ class Gemma4(Decoder):
     def finish_logits(self, logits) -> None:
         if self.final_softcap:
             self.ops.softcap(logits, self.final_softcap, logits)
-
-    def layer_rope(self, il: int) -> tuple[float, float]:  # the shared decoder's view (unused by _attention)
-        return (self.local_rope_base, 1.0) if self.local[il] else (self.hp.rope_base, self.hp.rope_freq_scale)
