@@ -88,9 +88,12 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
-def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
+def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, routes=None) -> np.ndarray:
     """Logits [T, vocab] (float64) for `tokens` from position 0, in a context of n_ctx tokens (LongRoPE's
-    factors depend on it)."""
+    factors depend on it). Mixtures of experts: route_record, a list, gets per layer the reference's own
+    choice of experts int[T, k] and each token's margin [T] between the router scores of its last chosen
+    expert and the best one left out; routes: per layer the experts int[T, k] to use instead (weighted by
+    the reference's own probabilities)."""
     arch = reader.architecture
     md = lambda key, default=None: reader.metadata.get(f"{arch}.{key}", default)  # noqa: E731
     w = load_weights(reader)
@@ -106,8 +109,10 @@ def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
     gemma = arch in ("gemma2", "gemma3")
     gemma2 = arch == "gemma2"  # every other layer local (from layer 0), soft-capped scores and logits
     olmo2 = arch == "olmo2"  # norms after the sub-blocks instead of before; Q/K norms over whole rows
+    full_qk_norm = arch in ("olmo2", "olmoe")  # Q/K norms over whole rows, before the heads are split
     granite = arch == "granite"
-    neox = arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3") if neox_override is None else neox_override
+    neox = arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "qwen2moe", "qwen3moe", "olmoe") \
+        if neox_override is None else neox_override
     embedding_scale = md("embedding_scale", 0.0) if granite else 0.0
     residual_scale = md("residual_scale", 0.0) if granite else 0.0
     kq_scale = (md("attention.scale", 0.0) if granite else 0.0) or 1.0 / math.sqrt(head_dim)
@@ -145,12 +150,12 @@ def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
         v = h @ w[p + "attn_v.weight"].T
         if p + "attn_q.bias" in w:
             q, k, v = q + w[p + "attn_q.bias"], k + w[p + "attn_k.bias"], v + w[p + "attn_v.bias"]
-        if olmo2:
+        if full_qk_norm:
             q, k = rms_norm(q, w[p + "attn_q_norm.weight"], eps), rms_norm(k, w[p + "attn_k_norm.weight"], eps)
         q = q.reshape(t, n_head, head_dim)
         k = k.reshape(t, n_kv, head_dim)
         v = v.reshape(t, n_kv, head_dim)
-        if p + "attn_q_norm.weight" in w and not olmo2:
+        if p + "attn_q_norm.weight" in w and not full_qk_norm:
             q = rms_norm(q, w[p + "attn_q_norm.weight"], eps)
             k = rms_norm(k, w[p + "attn_k_norm.weight"], eps)
         window, layer_base = 0, base
@@ -173,7 +178,11 @@ def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
         x = x + o
         h = x if olmo2 else rms_norm(x, w[p + "ffn_norm.weight"], eps)
         act = gelu_tanh if gemma else silu
-        f = (act(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        if p + "ffn_gate_inp.weight" in w:
+            f = experts(w, p, h, md("expert_used_count"), arch in ("qwen3moe", "llama"), route_record,
+                        routes[il] if routes is not None else None)
+        else:
+            f = (act(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
         if gemma or olmo2:
             f = rms_norm(f, w[p + "post_ffw_norm.weight"], eps)
         if residual_scale:
@@ -188,6 +197,29 @@ def forward(reader, tokens, neox_override=None, n_ctx=64) -> np.ndarray:
         cap = md("final_logit_softcapping")
         logits = cap * np.tanh(logits / cap)
     return logits
+
+
+def experts(w, p, h, k, normalise, record=None, forced=None):
+    """A mixture of experts' feed-forward of h [T, E]: softmax over the router's scores, the k most
+    probable experts, their SiLU-gated outputs summed times their probabilities (renormalised over the k
+    when `normalise`); plus a shared expert times sigmoid(gate . h) where the layer has one."""
+    scores = h @ w[p + "ffn_gate_inp.weight"].T  # [T, n_expert]
+    if record is not None:
+        ranked = np.sort(scores, axis=-1)
+        record.append((np.argsort(-scores, axis=-1)[:, :k], ranked[:, -k] - ranked[:, -k - 1]))
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    gate, up, down = (w[p + f"ffn_{part}_exps.weight"] for part in ("gate", "up", "down"))  # [n_expert, N, K]
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-probs[t])[:k] if forced is None else forced[t]
+        weights = probs[t, chosen] / (probs[t, chosen].sum() if normalise else 1.0)
+        for e, weight in zip(chosen, weights):
+            out[t] += weight * ((silu(gate[e] @ h[t]) * (up[e] @ h[t])) @ down[e].T)
+    if p + "ffn_gate_inp_shexp.weight" in w:
+        shared = (silu(h @ w[p + "ffn_gate_shexp.weight"].T) * (h @ w[p + "ffn_up_shexp.weight"].T)) @ w[p + "ffn_down_shexp.weight"].T
+        out += shared / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"])))[:, None]
+    return out
 
 
 def forward_gemma4(md, w, tokens, neox_override=None) -> np.ndarray:

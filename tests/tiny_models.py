@@ -96,6 +96,15 @@ class TinyArch:
     output_scale: bool = False
     qk_norm_mean: float = 1.0  # Q/K norm weights: Gemma 4 scales no scores, so smaller norms keep them O(1)
     embd_std: float = 0.5  # token_embd std; 1/sqrt(E) keeps logits O(1) unless the arch scales embeddings
+    # Mixture of experts: n_expert experts of which n_used per token, each n_ff_expert wide (0: the
+    # architecture's default, not written), and a shared expert (Qwen2-MoE)
+    n_expert: int = 0
+    n_used: int = 0
+    n_ff_expert: int = 0
+    shared_expert: bool = False
+    ff_from_used: bool = False  # the architecture's default expert width is feed_forward_length / n_used
+    architecture: str = ""  # general.architecture when it is not the entry's name (Mixtral: llama)
+    kv_as_query: bool = False  # as many KV heads as query heads (OLMoE: llama.cpp assumes it)
 
 
 TINY_ARCHS = {
@@ -132,6 +141,14 @@ TINY_ARCHS = {
                                    "rope.scaling.yarn_beta_slow": 1.0, "attention.temperature_scale": 0.1}),
     "granite": TinyArch(metadata={"embedding_scale": 2.0, "residual_scale": 0.8, "attention.scale": 0.25,
                                   "logit_scale": 4.0}),
+    # Mixtures of experts: several experts, more than one per token. Qwen3-MoE: eight experts, two per
+    # token, their width from feed_forward_length / expert_used_count (no key); Qwen2-MoE: its own
+    # expert width key and a shared expert; OLMoE: three of eight; Mixtral: llama files with experts as
+    # wide as feed_forward_length
+    "qwen3moe": TinyArch(qk_norm="head", n_expert=8, n_used=2, ff_from_used=True),
+    "qwen2moe": TinyArch(qkv_bias=True, output=True, n_expert=4, n_used=2, n_ff_expert=256, shared_expert=True),
+    "olmoe": TinyArch(output=True, qk_norm="full", n_expert=8, n_used=3, kv_as_query=True),
+    "mixtral": TinyArch(architecture="llama", output=True, n_expert=4, n_used=2, rope_base=1000000.0),
 }
 ARCH_LAYERS = {arch: spec.n_layer for arch, spec in TINY_ARCHS.items()}
 
@@ -159,10 +176,13 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         sizes[name] if value is None else value
         for name, value in (("N_EMBD", dims.n_embd), ("N_HEAD", dims.n_head), ("N_KV", dims.n_kv),
                             ("HEAD_DIM", dims.head_dim), ("N_FF", dims.n_ff)))
-    n_layer = dims.n_layer or ARCH_LAYERS[arch]  # ARCH_LAYERS: cuda_checks.py shrinks it too
+    if spec.kv_as_query and dims.n_kv is None:
+        N_KV = N_HEAD  # noqa: N806
+    n_layer = dims.n_layer or ARCH_LAYERS[arch]  # ARCH_LAYERS: cuda_checks.py shrinks it too (by entry name)
+    name, arch = arch, spec.architecture or arch
     w = GGUFWriter(path)
     w.add("general.architecture", arch)
-    w.add("general.name", f"tiny-{spec.name or arch}-{qtype}")
+    w.add("general.name", f"tiny-{spec.name or name}-{qtype}")
     shapes = {
         "context_length": 256,
         "embedding_length": N_EMBD,
@@ -192,6 +212,11 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         w.add(f"{arch}.attention.shared_kv_layers", spec.shared_kv, ValueType.UINT32)
     if spec.n_ple:
         w.add(f"{arch}.embedding_length_per_layer_input", spec.n_ple, ValueType.UINT32)
+    if spec.n_expert:
+        w.add(f"{arch}.expert_count", spec.n_expert, ValueType.UINT32)
+        w.add(f"{arch}.expert_used_count", spec.n_used, ValueType.UINT32)
+    if spec.n_ff_expert:
+        w.add(f"{arch}.expert_feed_forward_length", spec.n_ff_expert, ValueType.UINT32)
     for key, value in spec.metadata.items():
         if isinstance(value, str):
             w.add(f"{arch}.{key}", value)
@@ -211,6 +236,13 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
 
     def vector(name, n, mean=1.0, std=0.1):
         w.add_tensor(name, (mean + rng.normal(0, std, n)).astype(np.float32))
+
+    def experts(p, n_ff, n_expert):
+        """A router (F32, as llama-quantize leaves it) and n_expert experts stored one after another."""
+        w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, 0.5, (n_expert, N_EMBD)).astype(np.float32))
+        for part, n_in, n_out in (("gate", N_EMBD, n_ff), ("up", N_EMBD, n_ff), ("down", n_ff, N_EMBD)):
+            w.add_tensor(f"{p}ffn_{part}_exps.weight", quantized_matrix(rng, n_out * n_expert, n_in, qtype), qtype,
+                         shape=(n_in, n_out, n_expert))
 
     matrix("token_embd.weight", N_EMBD, N_VOCAB, std=spec.embd_std)
     vector("output_norm.weight", N_EMBD)
@@ -244,12 +276,21 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         matrix(p + "attn_output.weight", q_out, N_EMBD)
         if spec.pre_norms:
             vector(p + "ffn_norm.weight", N_EMBD)
-        if spec.fused_gate_up:
+        if spec.n_expert:
+            expert_ff = spec.n_ff_expert or (N_FF // spec.n_used if spec.ff_from_used else N_FF)
+            experts(p, expert_ff, spec.n_expert)
+            if spec.shared_expert:
+                vector(p + "ffn_gate_inp_shexp.weight", N_EMBD, mean=0.0, std=0.1)
+                matrix(p + "ffn_gate_shexp.weight", N_EMBD, N_FF)
+                matrix(p + "ffn_up_shexp.weight", N_EMBD, N_FF)
+                matrix(p + "ffn_down_shexp.weight", N_FF, N_EMBD)
+        elif spec.fused_gate_up:
             matrix(p + "ffn_up.weight", N_EMBD, 2 * N_FF)
         else:
             matrix(p + "ffn_gate.weight", N_EMBD, N_FF)
             matrix(p + "ffn_up.weight", N_EMBD, N_FF)
-        matrix(p + "ffn_down.weight", N_FF, N_EMBD)
+        if not spec.n_expert:
+            matrix(p + "ffn_down.weight", N_FF, N_EMBD)
         if spec.qkv_bias:
             for name, n in (("attn_q.bias", q_out), ("attn_k.bias", kv_out), ("attn_v.bias", kv_out)):
                 vector(p + name, n, mean=0.0, std=0.5)

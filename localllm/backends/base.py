@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -100,6 +100,24 @@ class Backend(ABC):
         work between the segments (the CPU backend dequantizes each weight tile once for all)."""
         for a, b in zip(bounds[:-1], bounds[1:]):
             self.matmul(w, x[a:b], out[a:b], bias)
+
+    def matmul_experts(self, experts: Sequence[Weight], x, groups: np.ndarray, bounds: np.ndarray, out) -> None:
+        """Routed experts' products (llama.cpp's mul_mat_id): the rows of x[P, K] come grouped by expert,
+        rows bounds[g]..bounds[g+1] going through expert groups[g]: out[a:b] = x[a:b] @ experts[groups[g]].T.
+        Only the listed experts' matrices are read, each once for all its rows; every row is computed
+        exactly as a one-row matmul computes it (a row's result does not depend on which rows share its
+        expert). groups: host int32[G]; bounds: host int32[G+1]. A backend overrides it to share work
+        between the groups."""
+        for g in range(groups.shape[0]):
+            a, b = int(bounds[g]), int(bounds[g + 1])
+            if b > a:
+                self.matmul_rows(experts[int(groups[g])], x[a:b], out[a:b])
+
+    @abstractmethod
+    def combine_experts(self, src, slots: np.ndarray, weights: np.ndarray, out) -> None:
+        """out[t] = sum over j of weights[t, j] * src[slots[t, j]], in float32, j in order, each product
+        rounded before it is added (llama.cpp's order: a token's weighted expert outputs added one after
+        another). src [P, E]; slots: host int32[T, J], rows of src; weights: host float32[T, J]; out [T, E]."""
 
     def take_rows(self, x, rows: np.ndarray, out) -> None:
         """out[R, E] = x[rows[R], E]: gather rows of an activation buffer (the batched forward keeps the

@@ -117,8 +117,8 @@ class Decoder:
     ROPE_NEOX = False  # NeoX pairing (x[i], x[i+n_rot/2]) instead of adjacent pairs
     ACTIVATION = "silu"  # gated feed-forward activation
     QKV_BIAS = False  # attn_q/k/v carry biases
-    QK_NORM = False  # RMS norm of Q and K before RoPE: per head, or over the whole projection (the norm
-    # weights' length says which: head_dim, or n_head * head_dim and n_head_kv * head_dim)
+    QK_NORM = False  # RMS norm of Q and K before RoPE: True per head (weights head_dim long), "rows" over
+    # each whole projection (weights n_head * head_dim and n_head_kv * head_dim long)
 
     def __init__(self, reader, backend: Backend, n_vocab: int):
         self.ops = backend
@@ -202,16 +202,24 @@ class Decoder:
             *self.qkv_specs(il),
             TensorSpec(p + "attn_output.weight", (q_out, hp.n_embd)),
             TensorSpec(p + "ffn_norm.weight", (hp.n_embd,), vector=True),
+            *self.ffn_specs(il),
+        ]
+        if self.QK_NORM:
+            rows = self.QK_NORM == "rows"
+            specs += [
+                TensorSpec(p + "attn_q_norm.weight", (q_out if rows else hp.head_dim,), vector=True),
+                TensorSpec(p + "attn_k_norm.weight", (kv_out if rows else hp.head_dim,), vector=True),
+            ]
+        return specs
+
+    def ffn_specs(self, il: int) -> list[TensorSpec]:
+        """The feed-forward's matrices of layer il (a mixture of experts has its own: model/moe.py)."""
+        hp, p = self.hp, f"blk.{il}."
+        return [
             TensorSpec(p + "ffn_gate.weight", (hp.n_embd, hp.n_ff)),
             TensorSpec(p + "ffn_up.weight", (hp.n_embd, hp.n_ff)),
             TensorSpec(p + "ffn_down.weight", (hp.n_ff, hp.n_embd)),
         ]
-        if self.QK_NORM:
-            specs += [
-                TensorSpec(p + "attn_q_norm.weight", (hp.head_dim,), vector=True),
-                TensorSpec(p + "attn_k_norm.weight", (hp.head_dim,), vector=True),
-            ]
-        return specs
 
     def qkv_specs(self, il: int) -> list[TensorSpec]:
         """attn_q/k/v weights and biases, separate or as row ranges of one fused attn_qkv (llama.cpp

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from localllm.backends import Weight
+from localllm.model.moe import expert_views
 
 
 def to_backend(backend, host: np.ndarray):
@@ -63,6 +64,29 @@ def matmul_segments(backend, qtype, raw, k, x, bounds, bias):
     together = _product(backend, backend.matmul_segments, w, x, bias, np.asarray(bounds))
     alone = [_product(backend, backend.matmul, w, x[a:b], bias) for a, b in zip(bounds[:-1], bounds[1:])]
     return {"together": together, "alone": np.concatenate(alone), "held_as": w.qtype}
+
+
+def matmul_experts(backend, qtype, raw, k, n_expert, x, groups, bounds):
+    """matmul_experts of x float32[P, K] (rows grouped by expert: bounds[g]..bounds[g+1] through expert
+    groups[g]) over n_expert matrices stored one after another in raw (uint8[n_expert * N, row_bytes]),
+    and each row alone as a T=1 matmul of its expert."""
+    n_out = raw.shape[0] // n_expert
+    stacked = backend.upload(Weight("blk.0.ffn_up_exps.weight", qtype, (k, n_out, n_expert), raw))
+    experts = expert_views(stacked, n_expert)
+    out = backend.alloc((x.shape[0], n_out))
+    backend.matmul_experts(experts, to_backend(backend, x), np.asarray(groups, np.int32), np.asarray(bounds, np.int32), out)
+    alone = []
+    for g, expert in enumerate(groups):
+        for row in range(bounds[g], bounds[g + 1]):
+            alone.append(_product(backend, backend.matmul, experts[expert], x[row : row + 1], None)[0])
+    return {"together": backend.to_host(out).copy(), "alone": np.array(alone), "held_as": stacked.qtype}
+
+
+def combine_experts(backend, src, slots, weights):
+    """combine_experts of src float32[P, E] through slots int32[T, J] and weights float32[T, J]."""
+    out = backend.alloc((slots.shape[0], src.shape[1]))
+    backend.combine_experts(to_backend(backend, src), slots, weights, out)
+    return backend.to_host(out).copy()
 
 
 def take_rows(backend, x, rows):
@@ -156,5 +180,5 @@ def softcap(backend, x, cap):
     return backend.to_host(out).copy()
 
 
-RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, take_rows, embed, rms_norm, rope, attention,
-                                 kv_store, paged, gated_act, add, scale, softcap)}
+RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, matmul_experts, combine_experts, take_rows,
+                                 embed, rms_norm, rope, attention, kv_store, paged, gated_act, add, scale, softcap)}

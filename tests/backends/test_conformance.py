@@ -8,7 +8,8 @@ reach its paths (backend_targets.FULL, .SIMULATOR). A matrix product must be wit
 product with the float32 activation or of the one with the activation in the weight type's pairing format
 (Q8_0 / Q8_K, as llama.cpp's integer dot products take it). Exact where the interface promises exact
 results: embed equals the quant module's dequantization; take_rows, kv_store, kv_store_paged, add and
-scale equal NumPy's bits; matmul_rows and matmul_segments equal the matmuls they stand for, and
+scale equal NumPy's bits; matmul_rows, matmul_segments and matmul_experts equal the matmuls they stand
+for, and
 attention_paged equals attention on a contiguous cache, bit for bit.
 
 Run it: python -m pytest -q tests/backends/test_conformance.py (-k cpu, -k cuda for one backend).
@@ -183,6 +184,44 @@ def test_matmul_segments_equal_each_segment_alone(targets, backend_name, qtype):
     assert_bits_equal(got["together"], got["alone"], f"{backend_name} {qtype} segments {p.bounds}")
     for a, b in zip(p.bounds[:-1], p.bounds[1:]):  # each its own path (the CPU: BLAS for a long one)
         check_product(got["together"][a:b], qtype, raw, got["held_as"], x[a:b], bias, f"{backend_name} {qtype} segment {a}:{b}")
+
+
+@pytest.mark.parametrize("backend_name,qtype", per_backend_and_type())
+def test_matmul_experts_equal_each_row_through_its_expert_alone(targets, backend_name, qtype):
+    """Three experts; rows grouped as routing groups them (expert 2 then 0, expert 1 unused): every row
+    exactly as a T=1 matmul of its expert computes it, and within the bound of that expert's product."""
+    p = profile_of(backend_name)
+    rng = rng_for("experts", backend_name, qtype)
+    n_expert, groups, bounds = 3, [0, 2], [0, 3, 5]
+    raw = random_weight(rng, qtype, n_expert * p.n_out, p.k)
+    x = rng.normal(0, 1, (bounds[-1], p.k)).astype(np.float32)
+    got = targets[backend_name].run("matmul_experts", qtype=qtype, raw=raw, k=p.k, n_expert=n_expert, x=x,
+                                    groups=groups, bounds=bounds)
+    assert_bits_equal(got["together"], got["alone"], f"{backend_name} {qtype} matmul_experts")
+    for g, expert in enumerate(groups):
+        a, b = bounds[g], bounds[g + 1]
+        check_product(got["together"][a:b], qtype, raw[expert * p.n_out : (expert + 1) * p.n_out], got["held_as"],
+                      x[a:b], None, f"{backend_name} {qtype} expert {expert}")
+
+
+@pytest.mark.parametrize("backend_name", BACKEND_NAMES)
+def test_combine_experts_sums_weighted_rows_in_order(targets, backend_name):
+    """out[t] = sum_j w[t, j] * src[slots[t, j]], j in order: within 2 float32 roundings per term of the
+    float64 sum (a product and an add each; a fused multiply-add rounds once), repeats and any order of
+    slots allowed."""
+    rng = rng_for("combine", backend_name)
+    src = rng.normal(0, 1, (9, 40)).astype(np.float32)
+    slots = np.array([[4, 0, 8], [1, 1, 2], [8, 7, 3]], dtype=np.int32)
+    weights = rng.uniform(0, 1, slots.shape).astype(np.float32)
+    got = targets[backend_name].run("combine_experts", src=src, slots=slots, weights=weights)
+    terms = weights[:, :, None].astype(np.float64) * src[slots].astype(np.float64)  # [T, J, E]
+    bound = 2 * slots.shape[1] * U * np.abs(terms).sum(axis=1)
+    assert_within(got, terms.sum(axis=1), bound, f"{backend_name} combine_experts")
+    ordered = weights[:, 0, None] * src[slots[:, 0]]  # float32, as the CPU backend adds
+    for j in range(1, slots.shape[1]):
+        ordered = ordered + weights[:, j, None] * src[slots[:, j]]
+    if backend_name == "cpu":
+        assert_bits_equal(got, ordered, "cpu combine_experts in llama.cpp's order")
 
 
 @pytest.mark.parametrize("backend_name,qtype", per_backend_and_type())
@@ -433,6 +472,7 @@ def test_softcap_is_tanh_within_a_few_ulp(targets, backend_name):
 # Each op of the interface -> the run (conformance_runs.RUNS) that calls it; the interface's other methods
 # (memory, kernels, steps) are not ops. A new op fails the test below until a run covers it.
 OPS_RUN_BY = {"matmul": "matmul", "matmul_rows": "matmul_rows", "matmul_segments": "matmul_segments",
+              "matmul_experts": "matmul_experts", "combine_experts": "combine_experts",
               "take_rows": "take_rows", "embed": "embed", "rms_norm": "rms_norm", "rope": "rope",
               "kv_store": "kv_store", "attention": "attention", "kv_store_paged": "paged", "attention_paged": "paged",
               "gated_act": "gated_act", "add": "add", "scale": "scale", "softcap": "softcap"}

@@ -10,9 +10,8 @@ import sys
 import pytest
 
 from localllm.cli.app import main
-from localllm.model.archs import ARCHITECTURES
 
-from tiny_models import write_tiny_model
+from tiny_models import TINY_ARCHS, write_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +210,7 @@ def test_help_keeps_the_cuda_extra_in_brackets(command):
     assert "pip install 'localllm[cuda]'" in proc.stdout
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
 def test_run_prints_text_for_every_architecture(capsys, tmp_path, arch):
     """`localllm run` on a tiny model of each architecture prints its greedy continuation: the text of the
     tokens that `--json` reports for the same command."""

@@ -9,11 +9,10 @@ import pytest
 
 from localllm.errors import GGUFError
 from localllm.gguf import GGUFReader, GGUFWriter
-from localllm.model.archs import ARCHITECTURES
 from localllm.model.hparams import COUNT_KEYS, HParams, read_count
 from localllm.model.info import describe
 from localllm.quantize.plan import model_shape
-from tiny_models import write_tiny_model
+from tiny_models import TINY_ARCHS, write_tiny_model
 
 
 def write(tmp_path, arch="llama", drop=(), **metadata) -> str:
@@ -35,12 +34,12 @@ def write(tmp_path, arch="llama", drop=(), **metadata) -> str:
         GGUFWriter.write = original
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
 def test_show_load_and_quantize_read_the_same_hyperparameters(tmp_path, arch):
     with GGUFReader(write(tmp_path, arch)) as reader:
         shown, hp, shape = describe(reader), HParams.from_reader(reader, n_vocab=1), model_shape(reader)
     assert (shown["n_layers"], shown["n_head"], shown["n_head_kv"]) == (hp.n_layer, hp.n_head, hp.n_head_kv)
-    assert (shape.n_layer, shape.n_head, shape.n_head_kv, shape.n_expert) == (hp.n_layer, hp.n_head, hp.n_head_kv, 0)
+    assert (shape.n_layer, shape.n_head, shape.n_head_kv, shape.n_expert) == (hp.n_layer, hp.n_head, hp.n_head_kv, TINY_ARCHS[arch].n_expert)
     assert (shown["n_embd"], shown["n_ff"], shown["head_dim"], shown["context_length"]) == (
         hp.n_embd, hp.n_ff, hp.head_dim, hp.context_length)
     assert shown["rope_freq_base"] == hp.rope_base

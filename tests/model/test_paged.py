@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from localllm.backends.cpu import CPUBackend
-from localllm.model.archs import ARCHITECTURES
 from localllm.model.decoder import KVCache
 from localllm.model.kv_paged import (
     BlockPool,
@@ -20,7 +19,7 @@ from localllm.model.kv_paged import (
     prefix_keys,
 )
 
-from tiny_models import write_tiny_model
+from tiny_models import TINY_ARCHS, write_tiny_model
 
 BS = 4
 
@@ -268,7 +267,7 @@ def test_paged_store_rounds_to_float16_as_numpy_does():
     assert np.isnan(dst[7, 0, 2])
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
 def test_every_architecture_batched_step_gives_single_sequence_logits(tmp_path, arch):
     """A step where one sequence decodes at position 13 while another reads a 20-token prompt gives each
     exactly the logits it gets alone, on every architecture (soft-capped attention on the paged cache,

@@ -210,6 +210,11 @@ class CPUBackend(Backend):
         if bias is not None:
             out += bias
 
+    def combine_experts(self, src, slots, weights, out) -> None:
+        parallel = self.thread_policy.parallel(out.shape[0], out.size * slots.shape[1])
+        kernel = kernels.combine_experts if parallel else kernels.combine_experts_serial
+        kernel(src, slots, weights, out)
+
     def embed(self, w: Weight, ids, out) -> None:
         gather_rows_kernel(quant.get(w.qtype))(w.data, ids, out)
 

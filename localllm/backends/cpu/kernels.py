@@ -358,3 +358,31 @@ def f16_head_to_f32(bits, head, first, out):
         dst = out[i]
         for d in range(dst.shape[0]):
             dst[d] = f16_to_f32(src[d])
+
+
+@exact_kernel(parallel=True)
+def combine_experts(src, slots, weights, out):
+    """out float32[T, E][t] = sum_j weights[t, j] * src[slots[t, j]] (src float32[P, E], slots int32[T, J],
+    weights float32[T, J]), j in order, each product rounded to float32 before it is added (no fast-math:
+    the order is llama.cpp's, so nothing may fuse or reorder it)."""
+    for t in prange(out.shape[0]):
+        _combine_row(src, slots[t], weights[t], out[t])
+
+
+@exact_kernel
+def combine_experts_serial(src, slots, weights, out):
+    for t in range(out.shape[0]):
+        _combine_row(src, slots[t], weights[t], out[t])
+
+
+@exact_kernel
+def _combine_row(src, slots, weights, out):
+    first = src[slots[0]]
+    w0 = weights[0]
+    for c in range(out.shape[0]):
+        out[c] = w0 * first[c]
+    for j in range(1, slots.shape[0]):
+        row = src[slots[j]]
+        w = weights[j]
+        for c in range(out.shape[0]):
+            out[c] = out[c] + w * row[c]

@@ -213,6 +213,11 @@ class CUDABackend(Backend):
     def take_rows(self, x, rows, out) -> None:
         self._k.take_rows[self._grid(len(rows) * x.shape[1])](x, self._ints(rows), out)
 
+    def combine_experts(self, src, slots, weights, out) -> None:
+        slots_device = self._ints(slots)
+        weights_device = self.cuda.to_device(np.ascontiguousarray(weights, dtype=np.float32))
+        self._k.combine_experts[self._grid(out.shape[0] * out.shape[1])](src, slots_device, weights_device, out)
+
     def rms_norm(self, x, weight, eps, out) -> None:
         d = weight.shape[0]
         rows = x.reshape(-1, d)

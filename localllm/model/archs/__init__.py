@@ -18,6 +18,9 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "granite": ("granite", "Granite"),
     "phi3": ("phi3", "Phi3"),
     "mistral3": ("mistral3", "Mistral3"),
+    "qwen2moe": ("qwen2moe", "Qwen2Moe"),
+    "qwen3moe": ("qwen3moe", "Qwen3Moe"),
+    "olmoe": ("olmoe", "Olmoe"),
 }
 
 
