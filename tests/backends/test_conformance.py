@@ -9,8 +9,7 @@ product with the float32 activation or of the one with the activation in the wei
 (Q8_0 / Q8_K, as llama.cpp's integer dot products take it). Exact where the interface promises exact
 results: embed equals the quant module's dequantization; take_rows, kv_store, kv_store_paged, add and
 scale equal NumPy's bits; matmul_rows, matmul_segments and matmul_experts equal the matmuls they stand
-for, and
-attention_paged equals attention on a contiguous cache, bit for bit.
+for, and attention_paged equals attention on a contiguous cache, bit for bit.
 
 Run it: python -m pytest -q tests/backends/test_conformance.py (-k cpu, -k cuda for one backend).
 """
