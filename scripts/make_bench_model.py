@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
-"""Write a Llama-3-8B-shaped GGUF with random weights in llama.cpp's Q4_K_M mix, for speed tests.
+"""Write a Llama-3-8B-shaped (or Qwen3-30B-A3B-shaped) GGUF with random weights in llama.cpp's Q4_K_M mix,
+for speed tests.
 
     python scripts/make_bench_model.py bench-llama3-8b-q4_k_m.gguf [--layers 32]
+    python scripts/make_bench_model.py bench-qwen3-30b-a3b-16l.gguf --shape qwen3-30b-a3b --layers 16
+
+Qwen3-30B-A3B (`--shape qwen3-30b-a3b`, architecture qwen3moe): 48 layers (the speed issue uses the first
+16: ~6 GB), 2048 embedding, 32 query heads over 4 KV heads of 128 with per-head Q/K norms, 128 experts of
+768 of which 8 per token, a 151,936-token vocabulary, RoPE base 1,000,000. The router (`ffn_gate_inp`)
+is F32, as llama-quantize leaves it; `ffn_down_exps` gets Q6_K where `ffn_down` would.
 
 Shape (Llama 3 8B): 32 layers, 4096 embedding, 14336 FFN, 32 query heads over 8 KV heads of 128,
 a 128,256-token byte-level BPE vocabulary (pre-tokenizer `llama-bpe`), RoPE base 500,000.
@@ -29,6 +36,8 @@ from localllm.tokenizer.bpe import BYTE_TO_CHAR  # noqa: E402
 
 N_EMBD, N_FF, N_HEAD, N_KV, HEAD_DIM = 4096, 14336, 32, 8, 128
 N_VOCAB, N_SPECIAL = 128_256, 256
+# Qwen3-30B-A3B
+MOE_EMBD, MOE_HEAD, MOE_KV, MOE_EXPERTS, MOE_USED, MOE_FF, MOE_VOCAB = 2048, 32, 4, 128, 8, 768, 151_936
 F16_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of the float16 scale fields per block
 
 
@@ -37,20 +46,36 @@ def more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
-def random_matrix(rng, n_out: int, n_in: int, qtype: str) -> np.ndarray:
-    """uint8[n_out, row_bytes] of random blocks whose float16 scales keep values around 0.02."""
+def random_matrix(rng, n_out: int, n_in: int, qtype: str, zero_mean: bool = False, d: float = 5e-4) -> np.ndarray:
+    """uint8[n_out, row_bytes] of random blocks whose float16 scales keep values around 0.02 (zero_mean:
+    Q4_K blocks without an offset and with scale d, zero_mean_q4_k; Q6_K's are near zero-mean already)."""
     info = GGML_TYPES_BY_NAME[qtype]
     blocks = rng.integers(0, 256, (n_out * n_in // info.block_size, info.type_size), dtype=np.uint8)
     scale = np.frombuffer(np.float16(2e-4 if qtype == "Q6_K" else 1e-3).tobytes(), dtype=np.uint8)
     for offset in F16_FIELDS[qtype]:
         blocks[:, offset : offset + 2] = scale
+    if zero_mean and qtype == "Q4_K":
+        zero_mean_q4_k(blocks, rng, d)
     return blocks.reshape(n_out, -1)
 
 
-def vocabulary() -> tuple[list[str], list[str], np.ndarray]:
+def zero_mean_q4_k(blocks: np.ndarray, rng, d: float = 5e-4) -> None:
+    """Make random Q4_K blocks (uint8[n, 144]) zero-mean: each sub-block's min equal to its scale s_j
+    (random 1..15, so the 12 packed bytes need no high bits) and dmin = 7.5 d, so that a value is
+    d s_j (q - 7.5). Random offsets would give every hidden row of the MoE shape the same direction, and
+    every token the same experts."""
+    s = rng.integers(1, 16, (blocks.shape[0], 8), dtype=np.uint8)
+    blocks[:, 4:8] = s[:, :4]  # scales of sub-blocks 0-3
+    blocks[:, 8:12] = s[:, :4]  # their mins, equal
+    blocks[:, 12:16] = s[:, 4:] | (s[:, 4:] << 4)  # sub-blocks 4-7: scale in the low nibble, min in the high
+    blocks[:, 0:2] = np.frombuffer(np.float16(d).tobytes(), dtype=np.uint8)  # 5e-4: values around 0.02
+    blocks[:, 2:4] = np.frombuffer(np.float16(7.5 * d).tobytes(), dtype=np.uint8)  # dmin
+
+
+def vocabulary(n_vocab: int = N_VOCAB) -> tuple[list[str], list[str], np.ndarray]:
     chars = [BYTE_TO_CHAR[b] for b in range(256)]
     tokens, merges = list(chars), []
-    n_regular = N_VOCAB - N_SPECIAL
+    n_regular = n_vocab - N_SPECIAL
     for a in chars:
         for b in chars:
             if len(tokens) == n_regular:
@@ -71,14 +96,78 @@ def vocabulary() -> tuple[list[str], list[str], np.ndarray]:
     return tokens + specials, merges, types
 
 
+def add_tokenizer(w: GGUFWriter, n_vocab: int) -> None:
+    tokens, merges, types = vocabulary(n_vocab)
+    w.add("tokenizer.ggml.model", "gpt2")
+    w.add("tokenizer.ggml.pre", "llama-bpe")
+    w.add("tokenizer.ggml.tokens", tokens)
+    w.add("tokenizer.ggml.token_type", types)
+    w.add("tokenizer.ggml.merges", merges)
+    first_special = n_vocab - N_SPECIAL
+    w.add("tokenizer.ggml.bos_token_id", first_special, ValueType.UINT32)
+    w.add("tokenizer.ggml.eos_token_id", first_special + 9, ValueType.UINT32)  # <|eot_id|>
+
+
+def router(rng, n_expert: int, n_embd: int) -> np.ndarray:
+    """float32[n_expert, n_embd] with rows of mean zero: the random blocks' values share an offset (every
+    element of a hidden row moves together), which would otherwise pick the same experts for every token;
+    without it tokens spread over the experts as a trained router spreads them."""
+    weights = rng.normal(0, 0.02, (n_expert, n_embd))
+    return (weights - weights.mean(axis=1, keepdims=True)).astype(np.float32)
+
+
+def write_qwen3_moe(path: str, n_layer: int, rng) -> str:
+    """The Qwen3-30B-A3B shape's first n_layer layers (module docstring)."""
+    e, f, n, d = MOE_EMBD, MOE_FF, MOE_EXPERTS, HEAD_DIM
+    w = GGUFWriter(path)
+    w.add("general.architecture", "qwen3moe")
+    w.add("general.name", "bench-qwen3-30b-a3b-shaped")
+    w.add("general.file_type", 15, ValueType.UINT32)  # Q4_K_M
+    for key, value in {
+        "context_length": 40960, "embedding_length": e, "block_count": n_layer, "feed_forward_length": 6144,
+        "attention.head_count": MOE_HEAD, "attention.head_count_kv": MOE_KV, "attention.key_length": d,
+        "attention.value_length": d, "expert_count": n, "expert_used_count": MOE_USED, "expert_feed_forward_length": f,
+    }.items():
+        w.add(f"qwen3moe.{key}", value, ValueType.UINT32)
+    w.add("qwen3moe.rope.freq_base", 1000000.0)
+    w.add("qwen3moe.attention.layer_norm_rms_epsilon", 1e-6)
+    add_tokenizer(w, MOE_VOCAB)
+    w.add_tensor("token_embd.weight", random_matrix(rng, MOE_VOCAB, e, "Q4_K", True), "Q4_K", shape=(e, MOE_VOCAB))
+    w.add_tensor("output_norm.weight", np.ones(e, np.float32))
+    w.add_tensor("output.weight", random_matrix(rng, MOE_VOCAB, e, "Q6_K"), "Q6_K", shape=(e, MOE_VOCAB))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        heavy = "Q6_K" if more_bits(il, n_layer) else "Q4_K"
+        for name, n_in, n_out, qtype in (
+            ("attn_q", e, MOE_HEAD * d, "Q4_K"), ("attn_k", e, MOE_KV * d, "Q4_K"), ("attn_v", e, MOE_KV * d, heavy),
+            ("attn_output", MOE_HEAD * d, e, "Q4_K"),
+        ):
+            # random attention is near uniform: its output, nearly the same for every token, is kept small
+            # so that the hidden rows (and the experts chosen) stay the tokens' own
+            scale = 5e-5 if name == "attn_output" else 5e-4
+            w.add_tensor(f"{p}{name}.weight", random_matrix(rng, n_out, n_in, qtype, True, scale), qtype, shape=(n_in, n_out))
+        for name, n_in, n_out, qtype in (("ffn_gate_exps", e, f, "Q4_K"), ("ffn_up_exps", e, f, "Q4_K"),
+                                         ("ffn_down_exps", f, e, heavy)):
+            w.add_tensor(f"{p}{name}.weight", random_matrix(rng, n_out * n, n_in, qtype, True), qtype, shape=(n_in, n_out, n))
+        w.add_tensor(p + "ffn_gate_inp.weight", router(rng, n, e))
+        for name, size in (("attn_norm", e), ("ffn_norm", e), ("attn_q_norm", d), ("attn_k_norm", d)):
+            w.add_tensor(f"{p}{name}.weight", np.ones(size, np.float32))
+    return w.write()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path")
+    parser.add_argument("--shape", choices=("llama3-8b", "qwen3-30b-a3b"), default="llama3-8b")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     n_layer = args.layers
+    if args.shape == "qwen3-30b-a3b":
+        path = write_qwen3_moe(args.path, n_layer, rng)
+        print(f"wrote {path} ({os.path.getsize(path) / 1e9:.2f} GB)")
+        return
 
     w = GGUFWriter(args.path)
     w.add("general.architecture", "llama")
@@ -93,14 +182,7 @@ def main() -> None:
         w.add(f"llama.{key}", value, ValueType.UINT32)
     w.add("llama.rope.freq_base", 500000.0)
     w.add("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    tokens, merges, types = vocabulary()
-    w.add("tokenizer.ggml.model", "gpt2")
-    w.add("tokenizer.ggml.pre", "llama-bpe")
-    w.add("tokenizer.ggml.tokens", tokens)
-    w.add("tokenizer.ggml.token_type", types)
-    w.add("tokenizer.ggml.merges", merges)
-    w.add("tokenizer.ggml.bos_token_id", 128000, ValueType.UINT32)
-    w.add("tokenizer.ggml.eos_token_id", 128009, ValueType.UINT32)
+    add_tokenizer(w, N_VOCAB)
 
     w.add_tensor("token_embd.weight", random_matrix(rng, N_VOCAB, N_EMBD, "Q4_K"), "Q4_K", shape=(N_EMBD, N_VOCAB))
     w.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))

@@ -2,7 +2,8 @@
 """This machine's sustainable memory read bandwidth, and the decode speed bound it sets for a model.
 
 Decode reads every weight once per token (the embedding table only one row, unless it doubles as the
-output matrix), so bytes-per-token / bandwidth is a floor on the time per token: no engine decodes faster.
+output matrix; a mixture of experts only its active experts), so bytes-per-token / bandwidth is a floor
+on the time per token: no engine decodes faster.
 
     python scripts/membw.py                      # bandwidth at 1 thread and at every core count
     python scripts/membw.py MODEL.gguf [...]     # plus each model's bytes per token and tok/s bound
@@ -64,14 +65,19 @@ def read_bandwidth(threads: int, size_bytes: int, repeat: int) -> list[float]:
 
 def bytes_per_token(path: str) -> dict:
     """Weight bytes one decode step reads: every tensor, except that the embedding table contributes one
-    row unless it is also the (tied) output matrix."""
+    row unless it is also the (tied) output matrix, and a mixture of experts' expert tensors
+    (`*_exps`) their `expert_used_count` experts' share."""
     from localllm.gguf import GGUFReader
 
     with GGUFReader(path) as r:
+        n_expert = r.metadata.get(r.arch_key("expert_count"), 0)
+        n_used = r.metadata.get(r.arch_key("expert_used_count"), 0)
         total = 0
         for info in r.tensors.values():
             if info.name == "token_embd.weight" and "output.weight" in r.tensors:
                 total += info.row_bytes
+            elif n_expert and info.name.endswith("_exps.weight"):
+                total += info.nbytes * n_used // n_expert
             else:
                 total += info.nbytes
         return {"model": os.path.basename(path), "bytes_per_token": total}

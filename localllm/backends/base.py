@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +33,14 @@ class Weight:
     @property
     def n_in(self) -> int:
         return self.shape[0]
+
+
+def expert_views(w: Weight) -> list[Weight]:
+    """The n_expert matrices of an expert tensor (ggml shape [K, N, n_expert]) as Weights [K, N] whose data
+    are row slices of w's (host or device arrays alike): no copy."""
+    n_in, n_out, n_expert = w.shape[0], w.shape[1], w.shape[2]
+    return [Weight(f"{w.name}[{e}]", w.qtype, (n_in, n_out), w.data[e * n_out : (e + 1) * n_out])
+            for e in range(n_expert)]
 
 
 class Backend(ABC):
@@ -101,17 +109,27 @@ class Backend(ABC):
         for a, b in zip(bounds[:-1], bounds[1:]):
             self.matmul(w, x[a:b], out[a:b], bias)
 
-    def matmul_experts(self, experts: Sequence[Weight], x, groups: np.ndarray, bounds: np.ndarray, out) -> None:
-        """Routed experts' products (llama.cpp's mul_mat_id): the rows of x[P, K] come grouped by expert,
-        rows bounds[g]..bounds[g+1] going through expert groups[g]: out[a:b] = x[a:b] @ experts[groups[g]].T.
-        Only the listed experts' matrices are read, each once for all its rows; every row is computed
-        exactly as a one-row matmul computes it (a row's result does not depend on which rows share its
-        expert). groups: host int32[G]; bounds: host int32[G+1]. A backend overrides it to share work
-        between the groups."""
+    def matmul_experts(self, w: Weight, x, groups: np.ndarray, bounds: np.ndarray, out) -> None:
+        """Routed experts' products (llama.cpp's mul_mat_id). w holds n_expert matrices [N, K] one after
+        another (ggml shape [K, N, n_expert]); the rows of x[P, K] come grouped by expert, rows
+        bounds[g]..bounds[g+1] going through expert groups[g]: out[a:b] = x[a:b] @ W[groups[g]].T. Only
+        the listed experts' matrices are read, each once for all its rows; every row is computed exactly
+        as a one-row matmul of its expert computes it (a row's result does not depend on which rows share
+        its expert). groups: host int32[G]; bounds: host int32[G+1]. A backend overrides it to run the
+        groups together."""
+        experts = self.expert_matrices(w)
         for g in range(groups.shape[0]):
             a, b = int(bounds[g]), int(bounds[g + 1])
             if b > a:
                 self.matmul_rows(experts[int(groups[g])], x[a:b], out[a:b])
+
+    def expert_matrices(self, w: Weight) -> list[Weight]:
+        """w's experts as matrices (expert_views), made once per weight and kept with the backend."""
+        kept = self.__dict__.setdefault("_expert_matrices", {})
+        entry = kept.get(id(w))
+        if entry is None or entry[0] is not w:
+            entry = kept[id(w)] = (w, expert_views(w))
+        return entry[1]
 
     @abstractmethod
     def combine_experts(self, src, slots: np.ndarray, weights: np.ndarray, out) -> None:

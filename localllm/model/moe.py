@@ -19,7 +19,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..backends.base import Backend, Weight
+from ..backends.base import Backend
 from ..errors import GGUFError
 from .hparams import MAX_WIDTH, read_count
 from .weights import TensorSpec
@@ -76,14 +76,6 @@ class MoEParams:
                 TensorSpec(p + "ffn_down_shexp.weight", (s, n_embd)),
             ]
         return specs
-
-
-def expert_views(w: Weight, n_expert: int) -> list[Weight]:
-    """The n_expert matrices of an expert tensor (ggml shape [K, N, n_expert]) as Weights [K, N] whose
-    data are row slices of w's (host or device arrays alike): no copy."""
-    n_in, n_out = w.shape[0], w.shape[1]
-    return [Weight(f"{w.name}[{e}]", w.qtype, (n_in, n_out), w.data[e * n_out : (e + 1) * n_out])
-            for e in range(n_expert)]
 
 
 @dataclass
@@ -220,13 +212,13 @@ class MixtureOfExperts:
             self.linear(b, w[p + "ffn_gate_inp_shexp.weight"], x, shared_score)
             shared = np.float32(1.0) / (np.float32(1.0) + np.exp(-ops.to_host(shared_score)[:, 0]))
         routes = group_by_expert(chosen, weights, moe.n_expert, shared)
-        gates, ups, downs = self._experts(il)
+        groups, bounds = routes.groups, routes.bounds
         ops.take_rows(x, routes.pair_rows, xs)
-        ops.matmul_experts(gates, xs, routes.groups, routes.bounds, gate)
-        ops.matmul_experts(ups, xs, routes.groups, routes.bounds, up)
+        ops.matmul_experts(w[p + "ffn_gate_exps.weight"], xs, groups, bounds, gate)
+        ops.matmul_experts(w[p + "ffn_up_exps.weight"], xs, groups, bounds, up)
         ops.gated_act(gate, up, gate, self.ACTIVATION)
         n_pairs = xs.shape[0]
-        ops.matmul_experts(downs, gate, routes.groups, routes.bounds, down[:n_pairs])
+        ops.matmul_experts(w[p + "ffn_down_exps.weight"], gate, groups, bounds, down[:n_pairs])
         if shared is not None:
             self.linear(b, w[p + "ffn_gate_shexp.weight"], x, shared_gate)
             self.linear(b, w[p + "ffn_up_shexp.weight"], x, shared_up)
@@ -239,12 +231,3 @@ class MixtureOfExperts:
         if buffers is None:
             buffers = self._moe_buffers = ExpertBuffers(self.ops, self.moe, self.hp.n_embd)
         return buffers
-
-    def _experts(self, il: int) -> tuple:
-        """Layer il's per-expert gate, up and down matrices (views made once)."""
-        cache = self.__dict__.setdefault("_expert_views", {})
-        views = cache.get(il)
-        if views is None:
-            w, p, n = self.w, f"blk.{il}.", self.moe.n_expert
-            views = cache[il] = tuple(expert_views(w[p + f"ffn_{part}_exps.weight"], n) for part in ("gate", "up", "down"))
-        return views

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from localllm.backends import Weight
-from localllm.model.moe import expert_views
+from localllm.backends.base import expert_views
 
 
 def to_backend(backend, host: np.ndarray):
@@ -72,9 +72,9 @@ def matmul_experts(backend, qtype, raw, k, n_expert, x, groups, bounds):
     and each row alone as a T=1 matmul of its expert."""
     n_out = raw.shape[0] // n_expert
     stacked = backend.upload(Weight("blk.0.ffn_up_exps.weight", qtype, (k, n_out, n_expert), raw))
-    experts = expert_views(stacked, n_expert)
+    experts = expert_views(stacked)
     out = backend.alloc((x.shape[0], n_out))
-    backend.matmul_experts(experts, to_backend(backend, x), np.asarray(groups, np.int32), np.asarray(bounds, np.int32), out)
+    backend.matmul_experts(stacked, to_backend(backend, x), np.asarray(groups, np.int32), np.asarray(bounds, np.int32), out)
     alone = []
     for g, expert in enumerate(groups):
         for row in range(bounds[g], bounds[g + 1]):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 
+import numba
+
 import numpy as np
 
 from ... import host, quant
@@ -22,6 +24,7 @@ from .layouts import WeightLayouts
 from .matmul import (
     BLAS_MIN_ROWS,
     INTEGER_ALWAYS,
+    ExpertPack,
     MatmulScratch,
     PackedWeights,
     blas_min_rows,
@@ -81,6 +84,7 @@ class CPUBackend(Backend):
         self._blas_attention = BlasAttention()
         self._gelu_table = None
         self._paged_rows = np.empty(0, dtype=np.int32)
+        self._expert_packs: dict[int, tuple] = {}  # id(expert tensor) -> (it, its ExpertPack or None)
         self.background: BackgroundCompile | None = None
         self.arena: HugePageArena | None = None  # where upload copies matrices to; None: left mapped
 
@@ -209,6 +213,24 @@ class CPUBackend(Backend):
         matmul_rows(qt, self._layout_of(w), x, out, self.scratch)
         if bias is not None:
             out += bias
+
+    def matmul_experts(self, w: Weight, x, groups, bounds, out) -> None:
+        """One call of the type's grouped kernel for all the groups where it has one (ExpertPack), else
+        the groups one by one (Backend.matmul_experts); the basic tier (tiers.py) re-lays nothing."""
+        pack = None if self.basic_tier or not self.repack else self._expert_pack(w)
+        if pack is None:
+            super().matmul_experts(w, x, groups, bounds, out)
+            return
+        self.thread_policy.for_op(1)  # the decode path's thread count, whatever the number of rows
+        pack.matmul(x, groups, bounds, out, self.scratch, numba.get_num_threads())
+
+    def _expert_pack(self, w: Weight):
+        entry = self._expert_packs.get(id(w))
+        if entry is None or entry[0] is not w:
+            qt, n_expert = quant.get(w.qtype), w.shape[2]
+            pack = ExpertPack(qt, w.data, n_expert) if ExpertPack.suits(qt, w.data, n_expert) else None
+            entry = self._expert_packs[id(w)] = (w, pack)
+        return entry[1]
 
     def combine_experts(self, src, slots, weights, out) -> None:
         parallel = self.thread_policy.parallel(out.shape[0], out.size * slots.shape[1])

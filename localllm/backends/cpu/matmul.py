@@ -252,3 +252,45 @@ class PackedWeights:
             rest = scratch.tail(rows, self.tail.shape[0])
             row_drivers(self.qt).matvec_rows(self.tail, rest, *args)
             out[:, self.n_packed :] = rest
+
+
+class ExpertPack:
+    """An expert tensor (n_expert matrices of N rows, stacked) re-laid for the type's grouped packed
+    kernel: every expert's rows 16 at a time, all experts in one array so that one call multiplies any
+    set of them. An expert is re-laid the first time it is routed to, and its mapped pages then released
+    (as PackedWeights does), so experts never chosen cost nothing; the array is reserved whole but its
+    memory is only taken as experts are written."""
+
+    def __init__(self, qt: QuantType, weights: np.ndarray, n_expert: int):
+        record = kernel_record(qt).packed
+        self.qt, self.weights, self.n_expert = qt, weights, n_expert
+        self.rows = weights.shape[0] // n_expert
+        self.n_blocks = weights.shape[1] // qt.type_size
+        self.tiles = self.rows // TILE
+        self.pack, self.kernel = record.pack, record.grouped
+        probe = record.pack(weights[:TILE])  # the record layout: records per tile and words per record
+        self.packed = np.empty((n_expert * self.tiles * probe.shape[0], probe.shape[1]), dtype=probe.dtype)
+        self.per_expert = self.tiles * probe.shape[0]
+        self.ready = np.zeros(n_expert, dtype=bool)
+
+    @staticmethod
+    def suits(qt: QuantType, weights: np.ndarray, n_expert: int) -> bool:
+        """A type with a grouped packed kernel, on a target where the lane kernels are fast, with whole
+        tiles per expert."""
+        record = kernel_record(qt).packed
+        rows = weights.shape[0] // n_expert
+        return record is not None and record.grouped is not None and rows % TILE == 0 and _tiles_available()
+
+    def matmul(self, x: np.ndarray, groups: np.ndarray, bounds: np.ndarray, out: np.ndarray, scratch: MatmulScratch,
+               threads: int) -> None:
+        """Backend.matmul_experts on the re-laid experts; rows as the one-row kernel computes them."""
+        for e in groups[~self.ready[groups]]:
+            self._relay(int(e))
+        args = scratch.batch_activation(self.qt.act, x.shape[0], x.shape[1]).quantize(x)
+        self.kernel(self.packed, self.n_blocks, self.tiles, groups, bounds, threads, out, *args)
+
+    def _relay(self, e: int) -> None:
+        rows = self.weights[e * self.rows : (e + 1) * self.rows]
+        self.packed[e * self.per_expert : (e + 1) * self.per_expert] = self.pack(rows)
+        release_pages(rows)
+        self.ready[e] = True

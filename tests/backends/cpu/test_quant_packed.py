@@ -18,7 +18,7 @@ from test_quant_tiles import _weights
 from localllm import quant
 from localllm.backends.base import Weight
 from localllm.backends.cpu import CPUBackend
-from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights
+from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScratch, PackedWeights
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
 from localllm.backends.cpu.quant_kernels import kernel_records, q4_0_x16, q4_k_tiles, q4_k_x16, vector
@@ -59,6 +59,39 @@ def test_packed_kernel_equals_vec_dot_at_every_batch_size(name, k):
             out = np.full((n_rows, 48), np.nan, dtype=np.float32)
             module.matvec_packed(packed, k // 256, n_parts, out, *batch)
             np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"{name} K={k} T={n_rows} parts={n_parts}")
+
+
+def test_grouped_kernel_equals_vec_dot_of_each_rows_expert():
+    """matvec_packed_grouped over four experts of 32 rows stacked: each group's rows (one, a few, and past
+    UNPACK_ROWS and CHUNK) through its expert, bit for bit as vec_dot, whatever the runs; rows of an
+    unused expert's group count untouched."""
+    QT, k, rows, n_expert = quant.get("Q4_K"), 512, 32, 4
+    rng = np.random.default_rng(5)
+    raw = _weights("Q4_K", rng, n_expert * rows, k)
+    packed = q4_k_x16.pack(raw)  # whole tiles per expert: the stack packs as the experts one after another
+    for sizes in ([1, 0, 1, 1], [3, 9, 0, 1], [0, 260, 2, 0]):
+        groups = np.array([e for e, n in enumerate(sizes) if n], dtype=np.int32)
+        bounds = np.concatenate([[0], np.cumsum([n for n in sizes if n])]).astype(np.int32)
+        batch = BatchActivation(QT.act, int(bounds[-1]), k).quantize(_activations(rng, int(bounds[-1]), k, 3.0))
+        for n_parts in (1, 2, 3):
+            out = np.full((int(bounds[-1]), rows), np.nan, dtype=np.float32)
+            q4_k_x16.matvec_packed_grouped(packed, k // 256, rows // 16, groups, bounds, n_parts, out, *batch)
+            for g, e in enumerate(groups):
+                a, b = bounds[g], bounds[g + 1]
+                want = _expected(QT, raw[e * rows : (e + 1) * rows], tuple(x[a:b] for x in batch))
+                np.testing.assert_array_equal(bits(out[a:b]), bits(want), err_msg=f"{sizes} parts={n_parts} expert {e}")
+
+
+def test_expert_pack_relays_an_expert_when_first_routed_to_and_releases_its_pages():
+    QT, k, rows, n_expert = quant.get("Q4_K"), 256, 16, 3
+    rng = np.random.default_rng(6)
+    raw = _weights("Q4_K", rng, n_expert * rows, k)
+    pack = ExpertPack(QT, raw.copy(), n_expert)
+    x = _activations(rng, 2, k, 1.0)
+    out = np.zeros((2, rows), dtype=np.float32)
+    pack.matmul(x, np.array([2], np.int32), np.array([0, 2], np.int32), out, MatmulScratch(), 2)
+    assert pack.ready.tolist() == [False, False, True]
+    np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw[2 * rows :], BatchActivation(QT.act, 2, k).quantize(x))))
 
 
 @pytest.mark.parametrize("name", TYPES)

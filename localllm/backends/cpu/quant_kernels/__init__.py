@@ -84,10 +84,13 @@ class TileKernel:
 
 @dataclass(frozen=True)
 class PackedKernel:
-    """pack(weights) -> the rows re-laid 16 at a time; matvec(packed, n_blocks, n_parts, out, qs, d, s)."""
+    """pack(weights) -> the rows re-laid 16 at a time; matvec(packed, n_blocks, n_parts, out, qs, d, s);
+    grouped (routed experts, where the type has it): grouped(packed, n_blocks, tiles_per_expert, groups,
+    bounds, n_parts, out, qs, d, s) over the records of several experts stacked."""
 
     pack: Callable
     matvec: Callable
+    grouped: Optional[Callable] = None
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,7 @@ def _q4_k() -> KernelRecord:
     return KernelRecord(
         quant.get("Q4_K"), q4_k.vec_dot, q4_k.dequantize_row, rows=rows,
         tiles=TileKernel(q4_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS),
-        packed=PackedKernel(q4_k_x16.pack, q4_k_x16.matvec_packed),
+        packed=PackedKernel(q4_k_x16.pack, q4_k_x16.matvec_packed, q4_k_x16.matvec_packed_grouped),
     )
 
 

@@ -233,3 +233,57 @@ def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
                 for t in range(t0, t1):
                     for i in range(TILE):
                         out[t, tile * TILE + i] = acc[t - t0, i]
+
+
+@exact_kernel(parallel=True)
+def matvec_packed_grouped(packed, n_blocks, tiles_per_expert, groups, bounds, n_parts, out, qs, d, s):
+    """Routed experts on records of several experts (expert e's tile j: records (e * tiles_per_expert + j)
+    * n_blocks + b): out[t, r] for the rows t of group g (bounds[g] <= t < bounds[g + 1]), every value
+    equal to q4_k.vec_dot(row r of expert groups[g], qs[t], d[t], s[t]), as matvec_packed computes it.
+
+    One parallel region for all the groups (a decode step of Qwen3-30B-A3B multiplies 8 experts of 768
+    rows three times per layer: as separate products, each one's call and thread start cost about as
+    much as its 0.9 MB of weights take to read). The jobs are (run, group) with each group's tiles cut
+    in n_parts runs, run-major: contiguous job ranges give every thread a share of every group."""
+    n_rows = qs.shape[0]
+    pairs = np.empty((n_rows, n_blocks * 4), dtype=np.int32)
+    sub_block_sum_pairs(s, pairs)
+    n_groups = groups.shape[0]
+    runs = max(1, min(n_parts, tiles_per_expert))
+    for job in prange(runs * n_groups):
+        run, g = job // n_groups, job % n_groups
+        first, last = bounds[g], bounds[g + 1]
+        acc = np.empty((min(CHUNK, max(1, last - first)), TILE), dtype=np.float32)
+        quants = np.empty((64, 64), dtype=np.uint8)
+        scales = np.empty((8, TILE), dtype=np.int32)
+        mins = np.empty((4, TILE), dtype=np.int32)
+        dd = np.empty(TILE, dtype=np.float32)
+        dm = np.empty(TILE, dtype=np.float32)
+        for local in range(run * tiles_per_expert // runs, (run + 1) * tiles_per_expert // runs):
+            tile = groups[g] * tiles_per_expert + local
+            for t0 in range(first, last, CHUNK):
+                t1 = min(t0 + CHUNK, last)
+                acc[: t1 - t0] = 0.0
+                for b in range(n_blocks):
+                    if last - first >= UNPACK_ROWS:
+                        unpack_record(packed, n_blocks, tile, b, quants, scales, mins, dd, dm)
+                        t = t0
+                        while t + ROWS <= t1:
+                            tile_dots_4(quants, scales, mins, dd, dm, qs, d, pairs, acc, t, t - t0, b)
+                            t += ROWS
+                        while t < t1:
+                            tile_dots_1(quants, scales, mins, dd, dm, qs, d, pairs, acc, t, t - t0, b)
+                            t += 1
+                    elif t1 - t0 == 1:
+                        record_dots_1(packed, n_blocks, tile, b, qs, d, pairs, acc, t0, 0)
+                    else:
+                        t = t0
+                        while t + ROWS <= t1:
+                            record_dots_4(packed, n_blocks, tile, b, qs, d, pairs, acc, t, t - t0)
+                            t += ROWS
+                        while t < t1:
+                            record_dots_1(packed, n_blocks, tile, b, qs, d, pairs, acc, t, t - t0)
+                            t += 1
+                for t in range(t0, t1):
+                    for i in range(TILE):
+                        out[t, local * TILE + i] = acc[t - t0, i]
