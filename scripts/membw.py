@@ -64,23 +64,13 @@ def read_bandwidth(threads: int, size_bytes: int, repeat: int) -> list[float]:
 
 
 def bytes_per_token(path: str) -> dict:
-    """Weight bytes one decode step reads: every tensor, except that the embedding table contributes one
-    row unless it is also the (tied) output matrix, and a mixture of experts' expert tensors
-    (`*_exps`) their `expert_used_count` experts' share."""
+    """Weight bytes one decode step reads (model/info.bytes_per_token: every tensor, the embedding table
+    one row unless tied, a mixture of experts its used experts' share)."""
     from localllm.gguf import GGUFReader
+    from localllm.model.info import bytes_per_token as read_per_token
 
     with GGUFReader(path) as r:
-        n_expert = r.metadata.get(r.arch_key("expert_count"), 0)
-        n_used = r.metadata.get(r.arch_key("expert_used_count"), 0)
-        total = 0
-        for info in r.tensors.values():
-            if info.name == "token_embd.weight" and "output.weight" in r.tensors:
-                total += info.row_bytes
-            elif n_expert and info.name.endswith("_exps.weight"):
-                total += info.nbytes * n_used // n_expert
-            else:
-                total += info.nbytes
-        return {"model": os.path.basename(path), "bytes_per_token": total}
+        return {"model": os.path.basename(path), "bytes_per_token": read_per_token(r)}
 
 
 def main() -> None:

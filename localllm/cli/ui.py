@@ -135,6 +135,9 @@ def print_model_summary(info: dict[str, Any]) -> None:
         ("architecture", info["architecture"]),
         ("name", info["name"]),
         ("parameters", human_count(info["parameters"])),
+        ("experts", f"{info['n_expert']}, {info['n_expert_used']} per token" if info.get("n_expert") else None),
+        ("per token", f"{human_count(info['active_parameters'])} parameters active, {human_bytes(info['bytes_per_token'])} "
+                      "of weights read" if info.get("n_expert") else None),
         ("file size", human_bytes(info["file_size"])),
         ("file type", info["file_type"]),
         ("context length", info["context_length"]),

@@ -123,3 +123,21 @@ def steps_total(server) -> float:
         if line.startswith("localllm_steps_total "):
             return float(line.split()[1])
     raise AssertionError("no steps_total metric")
+
+
+def test_show_counts_every_expert_for_the_file_and_the_used_ones_per_token(tmp_path):
+    from localllm.gguf import GGUFReader
+    from localllm.model.info import describe
+
+    path = write_tiny_model(tmp_path / "olmoe.gguf", "olmoe", "F32")  # 2 layers, 8 experts of 512, 3 per token
+    with GGUFReader(path) as reader:
+        info = describe(reader)
+        expert_bytes = sum(t.nbytes for t in reader.tensors.values() if "_exps" in t.name)
+        embd_row = reader.tensors["token_embd.weight"].row_bytes
+        all_bytes = sum(t.nbytes for t in reader.tensors.values())
+    per_layer_experts = 3 * 256 * 512 * 8  # gate, up, down; F32
+    assert (info["n_expert"], info["n_expert_used"]) == (8, 3)
+    assert info["parameters"] - info["active_parameters"] == 2 * per_layer_experts * 5 // 8
+    embd_bytes = 256 * 384 * 4  # the table a token takes one row of (the file has output.weight)
+    assert info["bytes_per_token"] == all_bytes - expert_bytes * 5 // 8 - embd_bytes + embd_row
+    assert expert_bytes == 2 * per_layer_experts * 4
