@@ -40,6 +40,10 @@ code LLVM had turned the division into vrcpps plus a Newton step, whose bits dif
 CPUs, so the entries recorded on AMD failed on an Intel machine. (The softmax of prefill attention now sums
 in a fixed order for the same reason; its entries came out unchanged.)
 
+MXFP4's entries (a type added on 2026-11-27) were recorded from the code that added it, with the two commands
+above from /work/main (OPENBLAS_CORETYPE=Haswell for the avx512_vnni run too: prefill attention's BLAS products
+depend on OpenBLAS's kernel); every other entry came out unchanged.
+
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
 """

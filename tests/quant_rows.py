@@ -13,8 +13,12 @@ from localllm.gguf import GGML_TYPES_BY_NAME
 FLOAT_FIELDS = {
     "Q4_0": [(0, 2)], "Q4_1": [(0, 2), (2, 2)], "Q5_0": [(0, 2)], "Q5_1": [(0, 2), (2, 2)], "Q8_0": [(0, 2)],
     "Q2_K": [(80, 2), (82, 2)], "Q3_K": [(108, 2)], "Q4_K": [(0, 2), (2, 2)], "Q5_K": [(0, 2), (2, 2)],
-    "Q6_K": [(208, 2)], "Q8_K": [(0, 4)], "IQ4_NL": [(0, 2)], "IQ4_XS": [(0, 2)],
+    "Q6_K": [(208, 2)], "Q8_K": [(0, 4)], "IQ4_NL": [(0, 2)], "IQ4_XS": [(0, 2)], "MXFP4": [],
 }
+# Byte offsets of E8M0 exponents (a power of two each): any byte is valid, but the largest would overflow
+# products to inf; tests draw them from E8M0_CASES (2^-128 and 2^-127 are float32 subnormals).
+E8M0_FIELDS = {"MXFP4": [0]}
+E8M0_CASES = [0, 1, 2, 100, 118, 121, 124, 126, 127, 128, 130, 140]
 SCALE_CASES = [0.0, -0.0, 1.0, -0.37, 65504.0, 6e-8, 2.0**-24, 1e-3]  # incl. f16 max and subnormals
 
 
@@ -31,6 +35,8 @@ def random_rows(name: str, n_rows: int, n: int, rng, extremes: bool = True) -> n
         dtype = np.float16 if width == 2 else np.float32
         scales = rng.choice(SCALE_CASES + list(rng.standard_normal(8)), size=blocks.shape[0]).astype(dtype)
         blocks[:, offset : offset + width] = scales.view(np.uint8).reshape(-1, width)
+    for offset in E8M0_FIELDS.get(name, ()):
+        blocks[:, offset] = rng.choice(E8M0_CASES, size=blocks.shape[0])
     blocks[0] = 0  # an all-zero block
     return blocks.reshape(n_rows, -1)
 

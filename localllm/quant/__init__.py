@@ -77,6 +77,7 @@ _MODULES: dict[str, str] = {
     "Q8_K": "q8_k",
     "IQ4_NL": "iq4_nl",
     "IQ4_XS": "iq4_xs",
+    "MXFP4": "mxfp4",
 }
 
 _loaded: dict[str, QuantType] = {}

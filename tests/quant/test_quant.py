@@ -233,8 +233,20 @@ def bf16_ties(rng, n: int) -> np.ndarray:
     return ((high << 16) | 0x8000).view(np.float32)
 
 
+def mxfp4_ties(rng, n_blocks: int) -> np.ndarray:
+    """float32[n_blocks * 32]: in each block (scale 2^k) the midpoints between neighbouring MXFP4 levels
+    (0, 1, 2, 3, 4, 6, 8, 12 times the scale, either sign), one of them 10 * 2^k, which sets the block's
+    exponent to give exactly that scale (floor(log2(10 * 2^k)) - 2 + 127 = k + 128)."""
+    mids = np.array([0.5, 1.5, 2.5, 3.5, 5.0, 7.0, 10.0])
+    x = rng.choice(mids, (n_blocks, 32)) * rng.choice([-1.0, 1.0], (n_blocks, 32))
+    x[np.arange(n_blocks), rng.integers(0, 32, n_blocks)] = 10.0
+    return (x * 2.0 ** rng.choice(TIE_EXPONENTS, (n_blocks, 1))).astype(np.float32).reshape(-1)
+
+
 def tie_rows(name: str, rng) -> np.ndarray:
     """float32[4, 512] of exact ties for `name`'s rounding."""
+    if name == "MXFP4":
+        return mxfp4_ties(rng, 4 * 16).reshape(4, 512)
     if name == "F16":
         return f16_ties(rng, 4 * 512).reshape(4, 512)
     if name == "BF16":
@@ -242,7 +254,7 @@ def tie_rows(name: str, rng) -> np.ndarray:
     return tie_blocks(name, 4 * 16, rng)[0].reshape(4, 512)
 
 
-TIE_NAMES = ["F16", "BF16", *SYMMETRIC_LEVELS, *AFFINE_LEVELS]
+TIE_NAMES = ["F16", "BF16", "MXFP4", *SYMMETRIC_LEVELS, *AFFINE_LEVELS]
 
 
 def test_the_tie_inputs_are_exact_ties():

@@ -261,11 +261,17 @@ def _iq4_xs() -> KernelRecord:
     return KernelRecord(quant.get("IQ4_XS"), iq4_xs.vec_dot, iq4_xs.dequantize_row, tiles=tiles)
 
 
+def _mxfp4() -> KernelRecord:
+    from . import mxfp4
+
+    return KernelRecord(quant.get("MXFP4"), mxfp4.vec_dot, mxfp4.dequantize_row)
+
+
 _TABLE: dict[str, Callable[[], KernelRecord]] = {
     "F32": _f32, "F16": _f16, "BF16": _bf16,
     "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0,
     "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k, "Q8_K": _q8_k,
-    "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs,
+    "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs, "MXFP4": _mxfp4,
 }
 
 
