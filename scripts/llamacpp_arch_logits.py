@@ -2,8 +2,8 @@
 tests/model/test_llamacpp_archs.py holds our engine to.
 
 For each architecture, tests/tiny_models.py (`oracle_model`) writes a small random model with our GGUF
-writer in each type of ORACLE_TYPES (Q4_K_M: our `quantize` of the F32 file, the mix llama-quantize
-makes), and llama.cpp evaluates each prompt of ORACLE_PROMPTS from position 0 with logits at every position. One file per
+writer in each type of `oracle_types` (Q4_K_M and, for mixtures of experts, MXFP4_MOE: our `quantize` of
+the F32 file, byte-identical to llama-quantize's), and llama.cpp evaluates each prompt of ORACLE_PROMPTS from position 0 with logits at every position. One file per
 architecture, `<arch>.npz`: `logits_<type>` float16 [sum of prompt lengths, vocab], `sha256_<type>` (the
 model file's digest, so the test can tell that it rebuilt the same file), `prompts`, and `llama_cpp`
 (version and system line of the library that computed them).
@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from tiny_models import ORACLE_PROMPTS as PROMPTS, ORACLE_TYPES as TYPES, TINY_ARCHS, file_sha256, oracle_model  # noqa: E402
+from tiny_models import ORACLE_PROMPTS as PROMPTS, TINY_ARCHS, file_sha256, oracle_model, oracle_types  # noqa: E402
 
 N_CTX = 64
 
@@ -58,7 +58,7 @@ def record(arch: str, out: Path) -> None:
                               f"{llama_cpp.llama_print_system_info().decode().strip()}"),
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for qtype in TYPES:
+        for qtype in oracle_types(arch):
             path = oracle_model(Path(tmp), arch, qtype)
             data[f"logits_{qtype}"] = llama_cpp_logits(path).astype(np.float16)  # half the bytes; 5e-4 relative
             data[f"sha256_{qtype}"] = np.array(file_sha256(path))

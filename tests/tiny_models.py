@@ -325,14 +325,25 @@ ORACLE_PROMPTS = (
 )
 
 
+# llama-quantize's mixes among the oracle's types: our `quantize` of the F32 file (byte-identical to
+# llama-quantize's output for both: checked on the tiny Qwen3-MoE file, `llama-quantize F32 OUT TYPE 2`)
+MIXES = ("Q4_K_M", "MXFP4_MOE")
+
+
+def oracle_types(arch: str) -> tuple:
+    """The types the oracle records for a tiny model: ORACLE_TYPES, and for a mixture of experts also
+    llama-quantize's MXFP4_MOE mix (experts in MXFP4, the rest Q8_0)."""
+    return ORACLE_TYPES + (("MXFP4_MOE",) if TINY_ARCHS[arch].n_expert else ())
+
+
 def oracle_model(directory: Path, arch: str, qtype: str) -> Path:
-    """The oracle's tiny `arch` model in `qtype`, written into `directory` (Q4_K_M: our quantize of the
-    F32 file, which is byte-identical to llama-quantize's)."""
+    """The oracle's tiny `arch` model in `qtype`, written into `directory` (a mix of MIXES: our quantize of
+    the F32 file)."""
     path = Path(directory) / f"{arch}-{qtype}.gguf"
-    if qtype == "Q4_K_M":
+    if qtype in MIXES:
         from localllm.quantize import quantize_file
 
-        quantize_file(oracle_model(directory, arch, "F32"), path, "Q4_K_M", force=True, threads=2)
+        quantize_file(oracle_model(directory, arch, "F32"), path, qtype, force=True, threads=2)
     else:
         write_tiny_model(path, arch, qtype, seed=ORACLE_SEED)
     return path

@@ -16,7 +16,7 @@ import typer
 from . import options as opt
 from .ui import console, err_console, human_bytes
 
-TYPE_NAMES = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, IQ4_XS"
+TYPE_NAMES = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K_S/M/L, Q4_K_S/M, Q5_K_S/M, Q6_K, IQ4_NL, IQ4_XS, MXFP4_MOE"
 
 
 class Terminated(BaseException):

@@ -6,6 +6,8 @@ it: the streaming writer lays the output header out from the plan before the fir
 
 from __future__ import annotations
 
+import re
+
 from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
@@ -112,6 +114,15 @@ def model_shape(reader: GGUFReader) -> ModelShape:
                       read_count(reader, "n_expert", 0))
 
 
+def _llama_order(tensor) -> tuple:
+    """llama-quantize's tensor order (its loader's weight_name_comparer): by the layer of a `blk.N.` name
+    (other tensors, layer -1, first), then by name. Files written in that order keep it; others (our tiny
+    mixture-of-experts files: token_embd before output_norm, each layer's tensors as the module lists
+    them) come out as llama-quantize writes them."""
+    match = re.match(r"blk\.(\d+)\.", tensor.name)
+    return (int(match.group(1)) if match else -1, tensor.name.encode())
+
+
 def make_plan(
     reader: GGUFReader,
     output_path,
@@ -127,7 +138,7 @@ def make_plan(
     output_type = resolve_tensor_type(output_type, "--output-tensor-type")
     token_embedding_type = resolve_tensor_type(token_embedding_type, "--token-embedding-type")
     model = model_shape(reader)
-    specs = [TensorSpec(t.name, tuple(t.shape), t.ggml_type.name) for t in reader.tensors.values()]
+    specs = [TensorSpec(t.name, tuple(t.shape), t.ggml_type.name) for t in sorted(reader.tensors.values(), key=_llama_order)]
     types = choose_types(
         specs, file_type, model, output_type=output_type, token_embedding_type=token_embedding_type, pure=pure
     )

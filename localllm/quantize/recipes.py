@@ -11,6 +11,7 @@ The rules, in the order llama.cpp applies them to one tensor:
    output.weight (tied embeddings), get Q6_K (Q8_0 when the file type is Q8_0, when the row length is
    not a multiple of the default type's block, or for Falcon); attn_v and ffn_down get more bits in some
    layers (`use_more_bits`: the first and last eighth and every third layer between); see `_mix`.
+   MXFP4_MOE: the experts (3-D tensors) MXFP4, the output and every other matrix Q8_0.
 5. Rows that do not split into the chosen type's blocks fall back (FALLBACK: Q4_K -> Q5_0 ...), and to
    F16 when even the fallback does not fit.
 """
@@ -58,6 +59,7 @@ FILE_TYPES: dict[str, FileType] = {
         FileType("Q6_K", 18, "Q6_K"),
         FileType("IQ4_NL", 25, "IQ4_NL"),
         FileType("IQ4_XS", 30, "IQ4_XS"),
+        FileType("MXFP4_MOE", 38, "MXFP4"),  # experts MXFP4, every other matrix Q8_0 (gpt-oss's own mix)
     )
 }
 UNQUANTIZED = ("F32", "F16", "BF16")
@@ -175,7 +177,7 @@ def _layer_of(name: str, counter: int, model: ModelShape) -> int:
 def _output_type(ft: FileType, spec: TensorSpec, model: ModelShape, output_type: Optional[str]) -> str:
     if output_type:
         return output_type
-    if model.arch == "falcon" or not fits(spec.shape[0], ft.default):
+    if ft.name == "MXFP4_MOE" or model.arch == "falcon" or not fits(spec.shape[0], ft.default):
         return "Q8_0"
     return ft.default if ft.default == "Q8_0" else "Q6_K"
 
@@ -243,6 +245,8 @@ def _mix(ft: FileType, spec: TensorSpec, model: ModelShape, c: _Counters, tied: 
     new = ft.default
     if cat == "output" or (tied and cat == "token_embd"):
         return _output_type(ft, spec, model, output_type)
+    if ft.name == "MXFP4_MOE":  # the expert tensors (3-D) MXFP4, every other matrix Q8_0
+        return "MXFP4" if len(spec.shape) > 2 and spec.shape[2] > 1 else "Q8_0"
     if cat == "attn_v":
         return _attn_v_type(ft, new, model, c)
     if cat == "attn_k" and model.n_expert == 8:
