@@ -98,7 +98,7 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
     md = lambda key, default=None: reader.metadata.get(f"{arch}.{key}", default)  # noqa: E731
     w = load_weights(reader)
     if arch == "gemma4":
-        return forward_gemma4(md, w, tokens, neox_override)
+        return forward_gemma4(md, w, tokens, neox_override, route_record, routes)
     n_layer, n_embd = md("block_count"), md("embedding_length")
     n_head = md("attention.head_count")
     n_kv = md("attention.head_count_kv", n_head)
@@ -199,35 +199,43 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
     return logits
 
 
-def experts(w, p, h, k, normalise, record=None, forced=None):
+def experts(w, p, h, k, normalise, record=None, forced=None, act=silu, scores=None):
     """A mixture of experts' feed-forward of h [T, E]: softmax over the router's scores, the k most
     probable experts, their SiLU-gated outputs summed times their probabilities (renormalised over the k
     when `normalise`); plus a shared expert times sigmoid(gate . h) where the layer has one."""
-    scores = h @ w[p + "ffn_gate_inp.weight"].T  # [T, n_expert]
+    if scores is None:
+        scores = h @ w[p + "ffn_gate_inp.weight"].T  # [T, n_expert]
     if record is not None:
         ranked = np.sort(scores, axis=-1)
         record.append((np.argsort(-scores, axis=-1)[:, :k], ranked[:, -k] - ranked[:, -k - 1]))
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    gate, up, down = (w[p + f"ffn_{part}_exps.weight"] for part in ("gate", "up", "down"))  # [n_expert, N, K]
+    if p + "ffn_gate_up_exps.weight" in w:  # [n_expert, 2N, K]: each expert's gate rows, then its up rows
+        gate, up = np.split(w[p + "ffn_gate_up_exps.weight"], 2, axis=1)
+    else:
+        gate, up = w[p + "ffn_gate_exps.weight"], w[p + "ffn_up_exps.weight"]  # [n_expert, N, K]
+    down = w[p + "ffn_down_exps.weight"]
+    down_scale = w.get(p + "ffn_down_exps.scale")  # one factor per expert's output
     out = np.zeros_like(h)
     for t in range(h.shape[0]):
         chosen = np.argsort(-probs[t])[:k] if forced is None else forced[t]
         weights = probs[t, chosen] / (probs[t, chosen].sum() if normalise else 1.0)
         for e, weight in zip(chosen, weights):
-            out[t] += weight * ((silu(gate[e] @ h[t]) * (up[e] @ h[t])) @ down[e].T)
+            scale = 1.0 if down_scale is None else down_scale[e]
+            out[t] += weight * scale * ((act(gate[e] @ h[t]) * (up[e] @ h[t])) @ down[e].T)
     if p + "ffn_gate_inp_shexp.weight" in w:
         shared = (silu(h @ w[p + "ffn_gate_shexp.weight"].T) * (h @ w[p + "ffn_up_shexp.weight"].T)) @ w[p + "ffn_down_shexp.weight"].T
         out += shared / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"])))[:, None]
     return out
 
 
-def forward_gemma4(md, w, tokens, neox_override=None) -> np.ndarray:
-    """Gemma 4 (dense), from its definition: local and global layers of different head sizes and RoPE,
+def forward_gemma4(md, w, tokens, neox_override=None, route_record=None, routes=None) -> np.ndarray:
+    """Gemma 4, from its definition: local and global layers of different head sizes and RoPE,
     the last `shared_kv_layers` layers attending over the keys and values of the last local / global
     layer before them, V RMS-normed without a weight (K's projection where attn_v is absent), unscaled
     scores, per-layer embeddings added after each feed-forward, a per-layer output scale, soft-capped
-    logits."""
+    logits; in a layer with experts, the experts beside the dense feed-forward, each normed on its own
+    way in and out, the router scoring rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale."""
     n_layer, n_embd, eps = md("block_count"), md("embedding_length"), md("attention.layer_norm_rms_epsilon")
     n_head, n_kv = md("attention.head_count"), md("attention.head_count_kv")
     local = list(md("attention.sliding_window_pattern"))
@@ -266,6 +274,12 @@ def forward_gemma4(md, w, tokens, neox_override=None) -> np.ndarray:
         x = x + rms_norm(attn @ w[p + "attn_output.weight"].T, w[p + "post_attention_norm.weight"], eps)
         h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
         f = (gelu_tanh(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        if p + "ffn_gate_inp.weight" in w:  # experts beside the dense feed-forward, each with its own norms
+            router_in = rms_norm(x, 1.0, eps) / math.sqrt(n_embd) * w[p + "ffn_gate_inp.scale"]
+            routed = experts(w, p, rms_norm(x, w[p + "pre_ffw_norm_2.weight"], eps), md("expert_used_count"), True,
+                             route_record, routes[il] if routes is not None else None, act=gelu_tanh,
+                             scores=router_in @ w[p + "ffn_gate_inp.weight"].T)
+            f = rms_norm(f, w[p + "post_ffw_norm_1.weight"], eps) + rms_norm(routed, w[p + "post_ffw_norm_2.weight"], eps)
         x = x + rms_norm(f, w[p + "post_ffw_norm.weight"], eps)
         if n_ple:
             g = gelu_tanh(x @ w[p + "inp_gate.weight"].T) * per_layer[:, il]

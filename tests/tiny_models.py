@@ -105,6 +105,8 @@ class TinyArch:
     ff_from_used: bool = False  # the architecture's default expert width is feed_forward_length / n_used
     architecture: str = ""  # general.architecture when it is not the entry's name (Mixtral: llama)
     kv_as_query: bool = False  # as many KV heads as query heads (OLMoE: llama.cpp assumes it)
+    fused_experts: bool = False  # ffn_gate_up_exps (each expert's gate rows, then its up rows) for gate and up
+    expert_scales: bool = False  # ffn_down_exps.scale: one float per expert
 
 
 TINY_ARCHS = {
@@ -149,6 +151,14 @@ TINY_ARCHS = {
     "qwen2moe": TinyArch(qkv_bias=True, output=True, n_expert=4, n_used=2, n_ff_expert=256, shared_expert=True),
     "olmoe": TinyArch(output=True, qk_norm="full", n_expert=8, n_used=3, kv_as_query=True),
     "mixtral": TinyArch(architecture="llama", output=True, n_expert=4, n_used=2, rope_base=1000000.0),
+    # Gemma 4's mixture of experts (26B-A4B's layout): a dense feed-forward beside the experts in every
+    # layer, fused gate/up experts with per-expert output scales; local and global layers as the dense
+    # tiny Gemma 4, without its shared caches and per-layer embeddings
+    "gemma4moe": TinyArch(architecture="gemma4", n_layer=4, rope_base=1000000.0, qk_norm="head", post_norms=True,
+                          embd_std=0.2, rope_freqs=True, pattern=(True, False, True, False), local_head_dim=64,
+                          output_scale=True, qk_norm_mean=0.25, n_expert=4, n_used=2, n_ff_expert=256,
+                          fused_experts=True, expert_scales=True,
+                          metadata={"attention.sliding_window": WINDOW, "rope.freq_base_swa": 10000.0}),
 }
 ARCH_LAYERS = {arch: spec.n_layer for arch, spec in TINY_ARCHS.items()}
 
@@ -210,7 +220,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         w.add(f"{arch}.attention.sliding_window_pattern", [bool(v) for v in spec.pattern])
     if spec.shared_kv:
         w.add(f"{arch}.attention.shared_kv_layers", spec.shared_kv, ValueType.UINT32)
-    if spec.n_ple:
+    if spec.n_ple or arch == "gemma4":  # llama.cpp requires the key of every Gemma 4 file (0: none)
         w.add(f"{arch}.embedding_length_per_layer_input", spec.n_ple, ValueType.UINT32)
     if spec.n_expert:
         w.add(f"{arch}.expert_count", spec.n_expert, ValueType.UINT32)
@@ -237,12 +247,15 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
     def vector(name, n, mean=1.0, std=0.1):
         w.add_tensor(name, (mean + rng.normal(0, std, n)).astype(np.float32))
 
-    def experts(p, n_ff, n_expert):
+    def experts(p, n_ff, n_expert, router_std=0.5):
         """A router (F32, as llama-quantize leaves it) and n_expert experts stored one after another."""
-        w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, 0.5, (n_expert, N_EMBD)).astype(np.float32))
-        for part, n_in, n_out in (("gate", N_EMBD, n_ff), ("up", N_EMBD, n_ff), ("down", n_ff, N_EMBD)):
+        w.add_tensor(p + "ffn_gate_inp.weight", rng.normal(0, router_std, (n_expert, N_EMBD)).astype(np.float32))
+        parts = [("gate_up", N_EMBD, 2 * n_ff)] if spec.fused_experts else [("gate", N_EMBD, n_ff), ("up", N_EMBD, n_ff)]
+        for part, n_in, n_out in (*parts, ("down", n_ff, N_EMBD)):
             w.add_tensor(f"{p}ffn_{part}_exps.weight", quantized_matrix(rng, n_out * n_expert, n_in, qtype), qtype,
                          shape=(n_in, n_out, n_expert))
+        if spec.expert_scales:
+            vector(p + "ffn_down_exps.scale", n_expert, mean=1.0, std=0.3)
 
     matrix("token_embd.weight", N_EMBD, N_VOCAB, std=spec.embd_std)
     vector("output_norm.weight", N_EMBD)
@@ -276,7 +289,15 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         matrix(p + "attn_output.weight", q_out, N_EMBD)
         if spec.pre_norms:
             vector(p + "ffn_norm.weight", N_EMBD)
-        if spec.n_expert:
+        if spec.n_expert and arch == "gemma4":  # the dense feed-forward stays, beside the experts
+            # its router reads rms_norm(x) / sqrt(n_embd): weights 16 times the others' give scores as spread
+            experts(p, spec.n_ff_expert, spec.n_expert, router_std=8.0)
+            vector(p + "ffn_gate_inp.scale", N_EMBD, mean=1.0, std=0.2)
+            for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
+                vector(p + name + ".weight", N_EMBD)
+            matrix(p + "ffn_gate.weight", N_EMBD, N_FF)
+            matrix(p + "ffn_up.weight", N_EMBD, N_FF)
+        elif spec.n_expert:
             expert_ff = spec.n_ff_expert or (N_FF // spec.n_used if spec.ff_from_used else N_FF)
             experts(p, expert_ff, spec.n_expert)
             if spec.shared_expert:
@@ -289,7 +310,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         else:
             matrix(p + "ffn_gate.weight", N_EMBD, N_FF)
             matrix(p + "ffn_up.weight", N_EMBD, N_FF)
-        if not spec.n_expert:
+        if not spec.n_expert or arch == "gemma4":
             matrix(p + "ffn_down.weight", N_FF, N_EMBD)
         if spec.qkv_bias:
             for name, n in (("attn_q.bias", q_out), ("attn_k.bias", kv_out), ("attn_v.bias", kv_out)):

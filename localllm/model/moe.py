@@ -59,14 +59,19 @@ class MoEParams:
         return cls(n_expert=n_expert, n_used=n_used, n_ff=n_ff_expert, n_ff_shared=n_ff_shared, gating=gating,
                    norm_weights=norm_weights, weights_scale=0.0)
 
-    def specs(self, il: int, n_embd: int) -> list[TensorSpec]:
+    def specs(self, il: int, n_embd: int, file_tensors=frozenset(), router: bool = True) -> list[TensorSpec]:
+        """Layer il's expert tensors: the router (unless the architecture scores experts its own way),
+        gate and up (or one fused ffn_gate_up_exps, gate rows then up rows per expert, where the file has
+        it), down, their optional per-expert scales (`ffn_*_exps.scale`, one float per expert), and the
+        shared expert's."""
         p, f, n = f"blk.{il}.", self.n_ff, self.n_expert
-        specs = [
-            TensorSpec(p + "ffn_gate_inp.weight", (n_embd, n)),
-            TensorSpec(p + "ffn_gate_exps.weight", (n_embd, f, n)),
-            TensorSpec(p + "ffn_up_exps.weight", (n_embd, f, n)),
-            TensorSpec(p + "ffn_down_exps.weight", (f, n_embd, n)),
-        ]
+        specs = [TensorSpec(p + "ffn_gate_inp.weight", (n_embd, n))] if router else []
+        if p + "ffn_gate_up_exps.weight" in file_tensors:
+            specs.append(TensorSpec(p + "ffn_gate_up_exps.weight", (n_embd, 2 * f, n)))
+        else:
+            specs += [TensorSpec(p + "ffn_gate_exps.weight", (n_embd, f, n)), TensorSpec(p + "ffn_up_exps.weight", (n_embd, f, n))]
+        specs.append(TensorSpec(p + "ffn_down_exps.weight", (f, n_embd, n)))
+        specs += [TensorSpec(f"{p}ffn_{part}_exps.scale", (n,), optional=True, vector=True) for part in ("gate", "up", "down")]
         if self.n_ff_shared:
             s = self.n_ff_shared
             specs += [
@@ -142,6 +147,10 @@ class ExpertBuffers:
         self.ops, self.moe, self.n_embd = ops, moe, n_embd
         self.rows = 0
 
+    def gate_up_rows(self, t: int):
+        """[P, 2 * n_ff] for a fused gate-and-up product of t tokens' pairs."""
+        return self.gate_up[: t * self.moe.n_used]
+
     def for_rows(self, t: int):
         if t > self.rows:
             self._grow(max(t, 8))
@@ -157,6 +166,7 @@ class ExpertBuffers:
         p = t * moe.n_used
         self.scores = ops.alloc((t, moe.n_expert))
         self.xs = ops.alloc((p, e))
+        self.gate_up = ops.alloc((p, 2 * moe.n_ff))  # a fused gate-and-up product's rows
         self.gate = ops.alloc((p, moe.n_ff))
         self.up = ops.alloc((p, moe.n_ff))
         self.down = ops.alloc((p + t, e))
@@ -194,19 +204,27 @@ class MixtureOfExperts:
     def ffn_specs(self, il: int) -> list[TensorSpec]:
         if self.moe is None:
             return super().ffn_specs(il)
-        return self.moe.specs(il, self.hp.n_embd)
+        return self.moe.specs(il, self.hp.n_embd, self.file_tensors)
 
     def feed_forward(self, il: int, b, x=None) -> None:
         """b.o <- the routed experts' weighted sum (plus the shared expert) of x (b.h unless given)."""
-        moe = self.moe
-        if moe is None:
+        if self.moe is None:
             super().feed_forward(il, b, x)
             return
-        ops, w, p = self.ops, self.w, f"blk.{il}."
         x = b.h if x is None else x
-        scores, xs, gate, up, down, shared_score, shared_gate, shared_up = self._expert_buffers().for_rows(b.n_tokens)
-        self.linear(b, w[p + "ffn_gate_inp.weight"], x, scores)
+        scores = self._expert_buffers().for_rows(b.n_tokens)[0]
+        self.linear(b, self.w[f"blk.{il}.ffn_gate_inp.weight"], x, scores)
+        self.routed_experts(il, b, x, scores, b.o)
+
+    def routed_experts(self, il: int, b, x, scores, out) -> None:
+        """out <- the experts' weighted sum (plus the shared expert) of x [T, E], routed by the router's
+        scores [T, n_expert] (computed by the caller: an architecture may score experts its own way)."""
+        moe, ops, w, p = self.moe, self.ops, self.w, f"blk.{il}."
+        _, xs, gate, up, down, shared_score, shared_gate, shared_up = self._expert_buffers().for_rows(b.n_tokens)
         chosen, weights = expert_weights(ops.to_host(scores), moe)
+        down_scale = w.get(p + "ffn_down_exps.scale")
+        if down_scale is not None:  # llama.cpp scales each expert's output; here, its weight in the sum
+            weights = weights * down_scale[chosen]
         shared = None
         if moe.n_ff_shared:
             self.linear(b, w[p + "ffn_gate_inp_shexp.weight"], x, shared_score)
@@ -214,8 +232,16 @@ class MixtureOfExperts:
         routes = group_by_expert(chosen, weights, moe.n_expert, shared)
         groups, bounds = routes.groups, routes.bounds
         ops.take_rows(x, routes.pair_rows, xs)
-        ops.matmul_experts(w[p + "ffn_gate_exps.weight"], xs, groups, bounds, gate)
-        ops.matmul_experts(w[p + "ffn_up_exps.weight"], xs, groups, bounds, up)
+        fused = w.get(p + "ffn_gate_up_exps.weight")
+        if fused is not None:  # one product, gate rows then up rows of each expert
+            gate_up = self._expert_buffers().gate_up_rows(b.n_tokens)
+            ops.matmul_experts(fused, xs, groups, bounds, gate_up)
+            gate, up = gate_up[:, : moe.n_ff], gate_up[:, moe.n_ff :]
+        else:
+            ops.matmul_experts(w[p + "ffn_gate_exps.weight"], xs, groups, bounds, gate)
+            ops.matmul_experts(w[p + "ffn_up_exps.weight"], xs, groups, bounds, up)
+        self._scale_by_expert(w.get(p + "ffn_gate_exps.scale"), gate, routes)
+        self._scale_by_expert(w.get(p + "ffn_up_exps.scale"), up, routes)
         ops.gated_act(gate, up, gate, self.ACTIVATION)
         n_pairs = xs.shape[0]
         ops.matmul_experts(w[p + "ffn_down_exps.weight"], gate, groups, bounds, down[:n_pairs])
@@ -224,7 +250,15 @@ class MixtureOfExperts:
             self.linear(b, w[p + "ffn_up_shexp.weight"], x, shared_up)
             ops.gated_act(shared_gate, shared_up, shared_gate, self.ACTIVATION)
             self.linear(b, w[p + "ffn_down_shexp.weight"], shared_gate, down[n_pairs:])
-        ops.combine_experts(down, routes.slots, routes.weights, b.o)
+        ops.combine_experts(down, routes.slots, routes.weights, out)
+
+    def _scale_by_expert(self, scale, rows, routes: Routes) -> None:
+        """rows[a:b] *= scale[e] for each expert e's group (a per-expert scale of its product), if any."""
+        if scale is None:
+            return
+        for g, e in enumerate(routes.groups):
+            a, z = int(routes.bounds[g]), int(routes.bounds[g + 1])
+            self.ops.scale(rows[a:z], float(scale[e]), rows[a:z])
 
     def _expert_buffers(self) -> ExpertBuffers:
         buffers = getattr(self, "_moe_buffers", None)

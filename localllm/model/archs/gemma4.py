@@ -19,7 +19,14 @@ src/models/gemma4.cpp computes them:
 - `blk.N.layer_output_scale` (one float), when present, scales the residual stream after layer N.
 - The output projection is output.weight when present, else token_embd; logits soft-capped by
   `final_logit_softcapping` (30 when absent, llama.cpp's default).
-Mixture-of-experts layers (ffn_gate_inp) are refused.
+Mixture-of-experts layers (Gemma 4 26B-A4B; a layer with `ffn_gate_inp`): the dense feed-forward above
+runs beside the experts as a shared one, each with its own norms, and their sum takes post_ffw_norm:
+  dense = post_ffw_norm_1(ffn(ffn_norm(x))); routed = post_ffw_norm_2(experts(pre_ffw_norm_2(x)))
+  x += post_ffw_norm(dense + routed)
+The router scores rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale (not the experts' input); softmax over
+the scores, the top `expert_used_count` renormalised to sum 1; GELU-gated experts `expert_feed_forward_length`
+wide, gate and up fused (`ffn_gate_up_exps`) or apart, each expert's output times `ffn_down_exps.scale`
+(model/moe.py).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from ...errors import UnsupportedArchitecture
 from ..buffers import Buffers
 from ..decoder import Decoder, KVCache, LayerKV, sliding_window_layers
 from ..hparams import MAX_WIDTH
+from ..moe import MixtureOfExperts
 from ..weights import TensorSpec
 
 LOCAL_ROPE_BASE = 10000.0
@@ -85,15 +93,19 @@ class LayerShapes:
         return [LayerKV(hp.n_head_kv, self.head_dim(il, hp), self.kv_source(il)) for il in range(hp.n_layer)]
 
 
-class Gemma4(Decoder):
+class Gemma4(MixtureOfExperts, Decoder):
     ROPE_NEOX = True
     ACTIVATION = "gelu_tanh"
     QK_NORM = True
+    MOE_ONLY = False
+    MOE_NORM_WEIGHTS = True
 
     def read_extra(self, reader) -> None:
         meta, key, hp = reader.metadata, reader.arch_key, self.hp
-        if "blk.0.ffn_gate_inp.weight" in self.file_tensors:
-            raise UnsupportedArchitecture("Gemma 4 mixture-of-experts models are not supported yet (dense ones are)")
+        super().read_extra(reader)  # self.moe: the experts' settings (None: a dense model)
+        self.moe_layers = [f"blk.{il}.ffn_gate_inp.weight" in self.file_tensors for il in range(hp.n_layer)]
+        if any(self.moe_layers) and self.moe is None:
+            raise UnsupportedArchitecture("this Gemma 4 file has expert layers but no gemma4.expert_count")
         self.shapes = LayerShapes.read(reader, hp)
         self.local, self.head_dim_local, self.n_kv_layers = self.shapes.local, self.shapes.head_dim_local, self.shapes.n_kv_layers
         self.sliding_window = meta.get_int(key("attention.sliding_window"), min=1)
@@ -191,13 +203,20 @@ class Gemma4(Decoder):
                 TensorSpec(p + "proj.weight", (self.n_ple, e)),
                 TensorSpec(p + "post_norm.weight", (e,), vector=True),
             ]
+        if self.moe_layers[il]:
+            specs += self.moe.specs(il, e, self.file_tensors) + [
+                TensorSpec(p + "ffn_gate_inp.scale", (e,), vector=True),
+                TensorSpec(p + "pre_ffw_norm_2.weight", (e,), vector=True),
+                TensorSpec(p + "post_ffw_norm_1.weight", (e,), vector=True),
+                TensorSpec(p + "post_ffw_norm_2.weight", (e,), vector=True),
+            ]
         return specs
 
     # -- the forward pass ---------------------------------------------------------------------------------
     def _extra_buffers(self, n_tokens: int) -> dict:
         """Per-step arrays beyond Buffers: the per-layer inputs [T, n_layer * P], their embedding part,
         layer il's inputs [T, P] and its gate [T, P]; the rows of layer il in the per-layer inputs seen
-        as [T * n_layer, P]; a weight of ones for V's norm (per head size)."""
+        as [T * n_layer, P]; the expert layers' input and output [T, E]."""
         extra = self._extra.get(n_tokens)
         if extra is None:
             if len(self._extra) > 6:
@@ -210,6 +229,8 @@ class Gemma4(Decoder):
                 "gate": ops.alloc((n_tokens, self.n_ple)) if self.n_ple else None,
                 "rows": (np.arange(n_tokens, dtype=np.int32)[None, :] * hp.n_layer
                          + np.arange(hp.n_layer, dtype=np.int32)[:, None]),
+                "moe_in": ops.alloc((n_tokens, hp.n_embd)) if self.moe else None,  # the experts' input
+                "routed": ops.alloc((n_tokens, hp.n_embd)) if self.moe else None,  # the router's, then their output
             }
             if self.n_ple:
                 extra["inputs_by_layer"] = extra["inputs"].reshape(-1, self.n_ple)  # [T * n_layer, P]
@@ -241,7 +262,11 @@ class Gemma4(Decoder):
                 **{name: w.get(p + name + ".weight") for name in (
                     "attn_norm", "attn_q", "attn_q_norm", "attn_k", "attn_v", "attn_k_norm", "attn_output",
                     "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm",
-                    "inp_gate", "proj", "post_norm")},
+                    "inp_gate", "proj", "post_norm", "ffn_gate_inp", "pre_ffw_norm_2", "post_ffw_norm_1",
+                    "post_ffw_norm_2")},
+                # the router's input norm: rms_norm(x) / sqrt(n_embd) * ffn_gate_inp.scale, as one weight
+                router_norm=(w[p + "ffn_gate_inp.scale"] / np.float32(math.sqrt(hp.n_embd))).astype(np.float32)
+                if self.moe_layers[il] else None,
                 has_kv=self.kv_source(il) == il, window=self.layer_window(il),
                 ones=np.ones(self.head_dim(il), np.float32),
                 output_scale=None if scale is None else float(scale[0]))
@@ -260,12 +285,29 @@ class Gemma4(Decoder):
         self.linear(b, layer.ffn_up, b.h, up)
         ops.gated_act(gate, up, gate, self.ACTIVATION)
         self.linear(b, layer.ffn_down, gate, b.o)
+        if self.moe_layers[il]:
+            self._add_experts(il, layer, b)
         ops.rms_norm(b.o, layer.post_ffw_norm, eps, b.o)
         ops.add(b.x, b.o, b.x)
         if self.n_ple:
             self._per_layer_input(il, layer, b)
         if layer.output_scale is not None:
             ops.scale(b.x, layer.output_scale, b.x)
+
+    def _add_experts(self, il: int, layer: SimpleNamespace, b: Buffers) -> None:
+        """b.o (the dense feed-forward's output) <- post_ffw_norm_1(b.o) + post_ffw_norm_2(experts(
+        pre_ffw_norm_2(x))), the experts routed by the scores of rms_norm(x) / sqrt(n_embd) * scale."""
+        ops, eps = self.ops, self.hp.eps
+        extra = self._extra_buffers(b.n_tokens)
+        moe_in, routed = extra["moe_in"], extra["routed"]
+        ops.rms_norm(b.o, layer.post_ffw_norm_1, eps, b.o)
+        ops.rms_norm(b.x, layer.pre_ffw_norm_2, eps, moe_in)
+        ops.rms_norm(b.x, layer.router_norm, eps, routed)  # the router's input, in `routed` until it is used
+        scores = self._expert_buffers().for_rows(b.n_tokens)[0]
+        self.linear(b, layer.ffn_gate_inp, routed, scores)
+        self.routed_experts(il, b, moe_in, scores, routed)
+        ops.rms_norm(routed, layer.post_ffw_norm_2, eps, routed)
+        ops.add(b.o, routed, b.o)
 
     def _per_layer_input(self, il: int, layer: SimpleNamespace, b: Buffers) -> None:
         """x += post_norm(proj(gelu(inp_gate(x)) * the per-layer inputs of layer il))."""
