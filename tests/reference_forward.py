@@ -59,9 +59,10 @@ def rope(x, positions, n_rot, base, neox, freq_scale=1.0, factors=None, yarn=Non
     return x
 
 
-def attend(q, k, v, scale, window, softcap=0.0):
+def attend(q, k, v, scale, window, softcap=0.0, sinks=None):
     """q [T, Hq, D], k/v [T, Hkv, D]; causal, optional window; GQA by repeating kv heads; scores
-    soft-capped to softcap * tanh(s / softcap) when softcap > 0."""
+    soft-capped to softcap * tanh(s / softcap) when softcap > 0; sinks [Hq]: a logit per head that joins
+    each softmax's sum and brings no value (gpt-oss)."""
     t, hq, _ = q.shape
     group = hq // k.shape[1]
     k = np.repeat(k, group, axis=1)
@@ -74,9 +75,14 @@ def attend(q, k, v, scale, window, softcap=0.0):
     if window:
         allowed &= (pos[:, None] - pos[None, :]) < window
     scores = np.where(allowed[None], scores, -np.inf)
-    scores -= scores.max(-1, keepdims=True)
-    p = np.exp(scores)
-    p /= p.sum(-1, keepdims=True)
+    top = scores.max(-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks[:, None, None])
+    p = np.exp(scores - top)
+    total = p.sum(-1, keepdims=True)
+    if sinks is not None:
+        total = total + np.exp(sinks[:, None, None] - top)
+    p /= total
     return np.einsum("hts,shd->thd", p, v)
 
 
@@ -110,8 +116,9 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
     gemma2 = arch == "gemma2"  # every other layer local (from layer 0), soft-capped scores and logits
     olmo2 = arch == "olmo2"  # norms after the sub-blocks instead of before; Q/K norms over whole rows
     full_qk_norm = arch in ("olmo2", "olmoe")  # Q/K norms over whole rows, before the heads are split
+    gpt_oss = arch == "gpt-oss"  # every other layer local from layer 0, sinks, biases, its own experts
     granite = arch == "granite"
-    neox = arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "qwen2moe", "qwen3moe", "olmoe") \
+    neox = arch in ("qwen2", "qwen3", "gemma2", "gemma3", "olmo2", "phi3", "qwen2moe", "qwen3moe", "olmoe", "gpt-oss") \
         if neox_override is None else neox_override
     embedding_scale = md("embedding_scale", 0.0) if granite else 0.0
     residual_scale = md("residual_scale", 0.0) if granite else 0.0
@@ -161,7 +168,7 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
         window, layer_base = 0, base
         if arch == "gemma3" and (il + 1) % 6 != 0:  # Gemma 3: five sliding-window layers, then one global
             window, layer_base = md("attention.sliding_window"), 10000.0
-        if gemma2 and il % 2 == 0:
+        if (gemma2 or gpt_oss) and il % 2 == 0:
             window = md("attention.sliding_window")
         if not (arch == "smollm3" and (il + 1) % 4 == 0):  # SmolLM3: no RoPE in every fourth layer
             q = rope(q, positions, n_rot, layer_base, neox, freq_scale, rope_factors, yarn, rope_mscale)
@@ -169,16 +176,18 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
         if temperature:  # Llama 4's attention temperature: queries scaled by position
             q = q * (1 + temperature * np.log(np.floor(positions / orig_ctx) + 1))[:, None, None]
         softcap = md("attn_logit_softcapping") if gemma2 else 0.0
-        attn = attend(q, k, v, kq_scale, window, softcap).reshape(t, n_head * head_dim)
-        o = attn @ w[p + "attn_output.weight"].T
+        attn = attend(q, k, v, kq_scale, window, softcap, w.get(p + "attn_sinks.weight")).reshape(t, n_head * head_dim)
+        o = attn @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
         if gemma or olmo2:
             o = rms_norm(o, w[p + "post_attention_norm.weight"], eps)
         if residual_scale:
             o = o * residual_scale
         x = x + o
-        h = x if olmo2 else rms_norm(x, w[p + "ffn_norm.weight"], eps)
+        h = x if olmo2 else rms_norm(x, w[p + ("post_attention_norm" if gpt_oss else "ffn_norm") + ".weight"], eps)
         act = gelu_tanh if gemma else silu
-        if p + "ffn_gate_inp.weight" in w:
+        if gpt_oss:
+            f = experts_gpt_oss(w, p, h, md("expert_used_count"), route_record, routes[il] if routes is not None else None)
+        elif p + "ffn_gate_inp.weight" in w:
             f = experts(w, p, h, md("expert_used_count"), arch in ("qwen3moe", "llama"), route_record,
                         routes[il] if routes is not None else None)
         else:
@@ -226,6 +235,32 @@ def experts(w, p, h, k, normalise, record=None, forced=None, act=silu, scores=No
     if p + "ffn_gate_inp_shexp.weight" in w:
         shared = (silu(h @ w[p + "ffn_gate_shexp.weight"].T) * (h @ w[p + "ffn_up_shexp.weight"].T)) @ w[p + "ffn_down_shexp.weight"].T
         out += shared / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"])))[:, None]
+    return out
+
+
+def swiglu_oai(g, u):
+    """gpt-oss's clamped SwiGLU: g clamped above at 7, u into [-7, 7], g * sigmoid(1.702 g) * (u + 1)."""
+    g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+    return g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+
+
+def experts_gpt_oss(w, p, h, k, record=None, forced=None):
+    """gpt-oss's experts of h [T, E]: scores with the router's bias, the k highest, weighted by the softmax
+    over those k alone; each expert's gate, up and down with their biases, the clamped SwiGLU."""
+    scores = h @ w[p + "ffn_gate_inp.weight"].T + w[p + "ffn_gate_inp.bias"]  # [T, n_expert]
+    if record is not None:
+        ranked = np.sort(scores, axis=-1)
+        record.append((np.argsort(-scores, axis=-1)[:, :k], ranked[:, -k] - ranked[:, -k - 1]))
+    gate, up, down = (w[p + f"ffn_{part}_exps.weight"] for part in ("gate", "up", "down"))
+    gate_b, up_b, down_b = (w[p + f"ffn_{part}_exps.bias"] for part in ("gate", "up", "down"))  # [n_expert, N]
+    out = np.zeros_like(h)
+    for t in range(h.shape[0]):
+        chosen = np.argsort(-scores[t])[:k] if forced is None else forced[t]
+        weights = np.exp(scores[t, chosen] - scores[t, chosen].max())
+        weights /= weights.sum()
+        for e, weight in zip(chosen, weights):
+            act = swiglu_oai(gate[e] @ h[t] + gate_b[e], up[e] @ h[t] + up_b[e])
+            out[t] += weight * (down[e] @ act + down_b[e])
     return out
 
 

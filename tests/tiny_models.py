@@ -107,6 +107,11 @@ class TinyArch:
     kv_as_query: bool = False  # as many KV heads as query heads (OLMoE: llama.cpp assumes it)
     fused_experts: bool = False  # ffn_gate_up_exps (each expert's gate rows, then its up rows) for gate and up
     expert_scales: bool = False  # ffn_down_exps.scale: one float per expert
+    # gpt-oss: biases on the router, the experts and attn_output; attention sinks; the feed-forward's norm
+    # named post_attention_norm
+    biases: bool = False
+    sinks: bool = False
+    ffn_norm_name: str = "ffn_norm"
 
 
 TINY_ARCHS = {
@@ -154,6 +159,13 @@ TINY_ARCHS = {
     # Gemma 4's mixture of experts (26B-A4B's layout): a dense feed-forward beside the experts in every
     # layer, fused gate/up experts with per-expert output scales; local and global layers as the dense
     # tiny Gemma 4, without its shared caches and per-layer embeddings
+    # gpt-oss: every other layer local from layer 0, YaRN over an original context of 8, sinks, biases
+    # everywhere, the clamped SwiGLU; its published files keep the experts in MXFP4 (oracle_types)
+    "gpt-oss": TinyArch(qkv_bias=True, output=True, n_expert=4, n_used=2, n_ff_expert=256, biases=True, sinks=True,
+                        ffn_norm_name="post_attention_norm", rope_base=150000.0,
+                        metadata={"attention.sliding_window": WINDOW, "rope.scaling.type": "yarn",
+                                  "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 8,
+                                  "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}),
     "gemma4moe": TinyArch(architecture="gemma4", n_layer=4, rope_base=1000000.0, qk_norm="head", post_norms=True,
                           embd_std=0.2, rope_freqs=True, pattern=(True, False, True, False), local_head_dim=64,
                           output_scale=True, qk_norm_mean=0.25, n_expert=4, n_used=2, n_ff_expert=256,
@@ -256,6 +268,10 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
                          shape=(n_in, n_out, n_expert))
         if spec.expert_scales:
             vector(p + "ffn_down_exps.scale", n_expert, mean=1.0, std=0.3)
+        if spec.biases:
+            vector(p + "ffn_gate_inp.bias", n_expert, mean=0.0, std=0.5)
+            for part, width in (("gate", n_ff), ("up", n_ff), ("down", N_EMBD)):
+                w.add_tensor(f"{p}ffn_{part}_exps.bias", rng.normal(0, 0.1, (n_expert, width)).astype(np.float32))
 
     matrix("token_embd.weight", N_EMBD, N_VOCAB, std=spec.embd_std)
     vector("output_norm.weight", N_EMBD)
@@ -287,8 +303,12 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
             if il not in spec.no_v_layers:
                 matrix(p + "attn_v.weight", N_EMBD, kv_out)
         matrix(p + "attn_output.weight", q_out, N_EMBD)
+        if spec.biases:
+            vector(p + "attn_output.bias", N_EMBD, mean=0.0, std=0.1)
+        if spec.sinks:
+            vector(p + "attn_sinks.weight", N_HEAD, mean=0.0, std=1.0)
         if spec.pre_norms:
-            vector(p + "ffn_norm.weight", N_EMBD)
+            vector(p + spec.ffn_norm_name + ".weight", N_EMBD)
         if spec.n_expert and arch == "gemma4":  # the dense feed-forward stays, beside the experts
             # its router reads rms_norm(x) / sqrt(n_embd): weights 16 times the others' give scores as spread
             experts(p, spec.n_ff_expert, spec.n_expert, router_std=8.0)
@@ -353,7 +373,7 @@ MIXES = ("Q4_K_M", "MXFP4_MOE")
 
 def oracle_types(arch: str) -> tuple:
     """The types the oracle records for a tiny model: ORACLE_TYPES, and for a mixture of experts also
-    llama-quantize's MXFP4_MOE mix (experts in MXFP4, the rest Q8_0)."""
+    llama-quantize's MXFP4_MOE mix (experts in MXFP4, the rest Q8_0: gpt-oss's own)."""
     return ORACLE_TYPES + (("MXFP4_MOE",) if TINY_ARCHS[arch].n_expert else ())
 
 

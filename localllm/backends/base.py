@@ -109,19 +109,20 @@ class Backend(ABC):
         for a, b in zip(bounds[:-1], bounds[1:]):
             self.matmul(w, x[a:b], out[a:b], bias)
 
-    def matmul_experts(self, w: Weight, x, groups: np.ndarray, bounds: np.ndarray, out) -> None:
+    def matmul_experts(self, w: Weight, x, groups: np.ndarray, bounds: np.ndarray, out, bias=None) -> None:
         """Routed experts' products (llama.cpp's mul_mat_id). w holds n_expert matrices [N, K] one after
         another (ggml shape [K, N, n_expert]); the rows of x[P, K] come grouped by expert, rows
         bounds[g]..bounds[g+1] going through expert groups[g]: out[a:b] = x[a:b] @ W[groups[g]].T. Only
         the listed experts' matrices are read, each once for all its rows; every row is computed exactly
         as a one-row matmul of its expert computes it (a row's result does not depend on which rows share
-        its expert). groups: host int32[G]; bounds: host int32[G+1]. A backend overrides it to run the
-        groups together."""
+        its expert). groups: host int32[G]; bounds: host int32[G+1]; bias: host float32[n_expert, N] or
+        None, expert e's bias added to its rows (gpt-oss). A backend overrides it to run the groups together."""
         experts = self.expert_matrices(w)
         for g in range(groups.shape[0]):
             a, b = int(bounds[g]), int(bounds[g + 1])
             if b > a:
-                self.matmul_rows(experts[int(groups[g])], x[a:b], out[a:b])
+                e = int(groups[g])
+                self.matmul_rows(experts[e], x[a:b], out[a:b], None if bias is None else bias[e])
 
     def expert_matrices(self, w: Weight) -> list[Weight]:
         """w's experts as matrices (expert_views), made once per weight and kept with the backend."""
@@ -166,12 +167,15 @@ class Backend(ABC):
         """cache_k[start:start+T] = k[T, Hkv, D]; cache_v likewise."""
 
     @abstractmethod
-    def attention(self, q, cache_k, cache_v, start: int, scale: float, window: int, out, softcap: float = 0.0) -> None:
+    def attention(self, q, cache_k, cache_v, start: int, scale: float, window: int, out, softcap: float = 0.0,
+                  sinks=None) -> None:
         """Causal attention of q[T, Hq, D] (positions start..start+T-1) over cache[0:start+T, Hkv, D].
 
         GQA: query head h reads kv head h // (Hq / Hkv). Query position p sees keys at positions j with
         j <= p and p - j < window (window 0: unbounded). Scores are scale * q.k, soft-capped to
-        softcap * tanh(score / softcap) when softcap > 0 (Gemma 2). out[T, Hq, D].
+        softcap * tanh(score / softcap) when softcap > 0 (Gemma 2). sinks: host float32[Hq] or None, each
+        head's attention sink (gpt-oss): a logit that joins the softmax's sum (after the scores', as
+        llama.cpp adds it) and brings no value, so the weights sum to less than one. out[T, Hq, D].
         """
 
     # -- paged KV cache (several sequences per step; see localllm/model/kv_paged.py) ------------------
@@ -180,16 +184,18 @@ class Backend(ABC):
         """cache_k[NB, BS, Hkv, D] viewed as [NB*BS, Hkv, D]: row slots[t] = k[t]; cache_v likewise."""
 
     @abstractmethod
-    def attention_paged(self, q, cache_k, cache_v, layout, scale: float, window: int, out, softcap: float = 0.0) -> None:
+    def attention_paged(self, q, cache_k, cache_v, layout, scale: float, window: int, out, softcap: float = 0.0,
+                        sinks=None) -> None:
         """Causal attention of each row t of q[T, Hq, D] (sequence layout.row_seq[t], position
         layout.positions[t]) over that sequence's keys 0..positions[t], read through its block table
         layout.tables[s] from cache[NB, BS, Hkv, D]. Same masking and GQA as `attention`; each
         sequence's rows give exactly what `attention` gives for them on a contiguous cache (soft-capping
-        as there). out[T, Hq, D]."""
+        and sinks as there). out[T, Hq, D]."""
 
     @abstractmethod
     def gated_act(self, gate, up, out, kind: str) -> None:
-        """out = act(gate) * up, kind 'silu' or 'gelu_tanh'."""
+        """out = act(gate) * up, kind 'silu' or 'gelu_tanh'; or kind 'swiglu_oai' (gpt-oss, ggml's
+        swiglu_oai): g = min(gate, 7), u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1)."""
 
     @abstractmethod
     def add(self, a, b, out) -> None:

@@ -94,8 +94,9 @@ class KVCache:
     def store(self, ops: Backend, il: int, k, v, start: int) -> None:
         ops.kv_store(self.k[il], self.v[il], k, v, start)
 
-    def attend(self, ops: Backend, il: int, q, start: int, scale: float, window: int, out, softcap: float = 0.0) -> None:
-        ops.attention(q, self.k[il], self.v[il], start, scale, window, out, softcap)
+    def attend(self, ops: Backend, il: int, q, start: int, scale: float, window: int, out, softcap: float = 0.0,
+               sinks=None) -> None:
+        ops.attention(q, self.k[il], self.v[il], start, scale, window, out, softcap, sinks)
 
 
 def sliding_window_layers(reader, n_layer: int, period: int) -> list[bool]:
@@ -201,6 +202,7 @@ class Decoder:
             TensorSpec(p + "attn_norm.weight", (hp.n_embd,), vector=True),
             *self.qkv_specs(il),
             TensorSpec(p + "attn_output.weight", (q_out, hp.n_embd)),
+            TensorSpec(p + "attn_output.bias", (hp.n_embd,), optional=True, vector=True),  # llama.cpp: optional for all
             TensorSpec(p + "ffn_norm.weight", (hp.n_embd,), vector=True),
             *self.ffn_specs(il),
         ]
@@ -289,8 +291,9 @@ class Decoder:
             self.rotate(il, b, b.k)
         self.scale_queries(b)
         cache.store(ops, il, b.k, b.v, start)
-        cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn, self.attention_softcap())
-        self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o)
+        cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn, self.attention_softcap(),
+                     w.get(p + "attn_sinks.weight"))
+        self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o, w.get(p + "attn_output.bias"))
 
     def rotate(self, il: int, b: Buffers, x) -> None:
         """RoPE of layer il on x [T, H, D] (b.q, b.k, or a layer's views of them), at b.positions."""

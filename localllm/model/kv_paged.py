@@ -274,8 +274,9 @@ class PagedBatch:
     def store(self, ops: Backend, il: int, k, v, start: int) -> None:
         ops.kv_store_paged(self.cache.k[il], self.cache.v[il], k, v, self.layout.slots)
 
-    def attend(self, ops: Backend, il: int, q, start: int, scale: float, window: int, out, softcap: float = 0.0) -> None:
-        ops.attention_paged(q, self.cache.k[il], self.cache.v[il], self.layout, scale, window, out, softcap)
+    def attend(self, ops: Backend, il: int, q, start: int, scale: float, window: int, out, softcap: float = 0.0,
+               sinks=None) -> None:
+        ops.attention_paged(q, self.cache.k[il], self.cache.v[il], self.layout, scale, window, out, softcap, sinks)
 
 
 class LayoutBuilder:

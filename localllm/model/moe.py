@@ -33,7 +33,8 @@ class MoEParams:
     n_used: int  # experts per token (k)
     n_ff: int  # each expert's feed-forward length
     n_ff_shared: int  # the shared expert's feed-forward length (0: no shared expert)
-    gating: str  # "softmax" or "sigmoid": probabilities from the router's scores
+    gating: str  # "softmax" or "sigmoid" of the scores, or "softmax_weight": the top k of the raw scores,
+    # weighted by the softmax over those k alone (gpt-oss)
     norm_weights: bool  # the k chosen probabilities divided by their sum
     weights_scale: float  # the weights then multiplied by this (0 or 1: not)
 
@@ -65,13 +66,17 @@ class MoEParams:
         it), down, their optional per-expert scales (`ffn_*_exps.scale`, one float per expert), and the
         shared expert's."""
         p, f, n = f"blk.{il}.", self.n_ff, self.n_expert
-        specs = [TensorSpec(p + "ffn_gate_inp.weight", (n_embd, n))] if router else []
+        specs = [TensorSpec(p + "ffn_gate_inp.weight", (n_embd, n)),
+                 TensorSpec(p + "ffn_gate_inp.bias", (n,), optional=True, vector=True)] if router else []
         if p + "ffn_gate_up_exps.weight" in file_tensors:
             specs.append(TensorSpec(p + "ffn_gate_up_exps.weight", (n_embd, 2 * f, n)))
         else:
             specs += [TensorSpec(p + "ffn_gate_exps.weight", (n_embd, f, n)), TensorSpec(p + "ffn_up_exps.weight", (n_embd, f, n))]
         specs.append(TensorSpec(p + "ffn_down_exps.weight", (f, n_embd, n)))
         specs += [TensorSpec(f"{p}ffn_{part}_exps.scale", (n,), optional=True, vector=True) for part in ("gate", "up", "down")]
+        # per-expert biases (gpt-oss), expert e's at [e]: ggml shape [N, n_expert]
+        specs += [TensorSpec(f"{p}ffn_{part}_exps.bias", (width, n), optional=True, vector=True)
+                  for part, width in (("gate", f), ("up", f), ("down", n_embd))]
         if self.n_ff_shared:
             s = self.n_ff_shared
             specs += [
@@ -103,18 +108,28 @@ def expert_weights(scores: np.ndarray, moe: MoEParams) -> tuple[np.ndarray, np.n
     """(chosen int32[T, k], weights float32[T, k]) from the router's scores float32[T, n_expert]: the k
     most probable experts in descending order, and their probabilities as llama.cpp weights them."""
     scores = np.asarray(scores, dtype=np.float32)
-    if moe.gating == "softmax":
-        e = np.exp(scores - scores.max(axis=1, keepdims=True))
-        probs = e * (np.float32(1.0) / e.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
-    else:
+    if moe.gating == "sigmoid":
         probs = np.float32(1.0) / (np.float32(1.0) + np.exp(-scores))
+    elif moe.gating == "softmax_weight":
+        probs = scores
+    else:
+        probs = _softmax(scores)
     chosen = np.argsort(-probs, axis=1, kind="stable")[:, : moe.n_used].astype(np.int32)
     weights = np.take_along_axis(probs, chosen, axis=1)
+    if moe.gating == "softmax_weight":
+        weights = _softmax(weights)
     if moe.norm_weights:
         weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), np.float32(WEIGHT_SUM_FLOOR))
     if moe.weights_scale not in (0.0, 1.0):
         weights = weights * np.float32(moe.weights_scale)
     return chosen, weights.astype(np.float32)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax of each row of float32 x, as ggml_soft_max: the exps' sum in float64, then one float32
+    reciprocal multiplied in."""
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e * (np.float32(1.0) / e.sum(axis=1, dtype=np.float64, keepdims=True)).astype(np.float32)
 
 
 def group_by_expert(chosen: np.ndarray, weights: np.ndarray, n_expert: int, shared: Optional[np.ndarray] = None) -> Routes:
@@ -213,7 +228,8 @@ class MixtureOfExperts:
             return
         x = b.h if x is None else x
         scores = self._expert_buffers().for_rows(b.n_tokens)[0]
-        self.linear(b, self.w[f"blk.{il}.ffn_gate_inp.weight"], x, scores)
+        p = f"blk.{il}."
+        self.linear(b, self.w[p + "ffn_gate_inp.weight"], x, scores, self.w.get(p + "ffn_gate_inp.bias"))
         self.routed_experts(il, b, x, scores, b.o)
 
     def routed_experts(self, il: int, b, x, scores, out) -> None:
@@ -238,19 +254,25 @@ class MixtureOfExperts:
             ops.matmul_experts(fused, xs, groups, bounds, gate_up)
             gate, up = gate_up[:, : moe.n_ff], gate_up[:, moe.n_ff :]
         else:
-            ops.matmul_experts(w[p + "ffn_gate_exps.weight"], xs, groups, bounds, gate)
-            ops.matmul_experts(w[p + "ffn_up_exps.weight"], xs, groups, bounds, up)
+            ops.matmul_experts(w[p + "ffn_gate_exps.weight"], xs, groups, bounds, gate, self._expert_bias(p + "ffn_gate_exps"))
+            ops.matmul_experts(w[p + "ffn_up_exps.weight"], xs, groups, bounds, up, self._expert_bias(p + "ffn_up_exps"))
         self._scale_by_expert(w.get(p + "ffn_gate_exps.scale"), gate, routes)
         self._scale_by_expert(w.get(p + "ffn_up_exps.scale"), up, routes)
         ops.gated_act(gate, up, gate, self.ACTIVATION)
         n_pairs = xs.shape[0]
-        ops.matmul_experts(w[p + "ffn_down_exps.weight"], gate, groups, bounds, down[:n_pairs])
+        ops.matmul_experts(w[p + "ffn_down_exps.weight"], gate, groups, bounds, down[:n_pairs],
+                           self._expert_bias(p + "ffn_down_exps"))
         if shared is not None:
             self.linear(b, w[p + "ffn_gate_shexp.weight"], x, shared_gate)
             self.linear(b, w[p + "ffn_up_shexp.weight"], x, shared_up)
             ops.gated_act(shared_gate, shared_up, shared_gate, self.ACTIVATION)
             self.linear(b, w[p + "ffn_down_shexp.weight"], shared_gate, down[n_pairs:])
         ops.combine_experts(down, routes.slots, routes.weights, out)
+
+    def _expert_bias(self, name: str):
+        """The per-expert biases of expert tensor `name` as float32[n_expert, N], or None."""
+        bias = self.w.get(name + ".bias")
+        return None if bias is None else bias.reshape(self.moe.n_expert, -1)
 
     def _scale_by_expert(self, scale, rows, routes: Routes) -> None:
         """rows[a:b] *= scale[e] for each expert e's group (a per-expert scale of its product), if any."""

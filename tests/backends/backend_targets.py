@@ -35,6 +35,7 @@ class AttentionCase:
     n_kv: int
     head_dim: int
     softcap: float = 0.0  # Gemma 2's soft cap of the scores (0: none); 0.8 bends scores of N(0, 1)
+    sinks: bool = False  # gpt-oss's attention sinks: one logit per query head in the softmax
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,7 @@ ATTENTION_SMALL = (
     AttentionCase("window-prefill", 9, 0, 4, 4, 1, 16),
     AttentionCase("mha", 2, 3, 0, 2, 2, 16),  # one query head per kv head
     AttentionCase("softcap", 3, 6, 4, 4, 2, 16, softcap=0.8),
+    AttentionCase("sinks", 3, 6, 4, 4, 2, 16, sinks=True),
 )
 
 # The CPU backend's paths, by size (today's thresholds; test_cpu_profile_crosses_the_cpu_thresholds
@@ -89,6 +91,8 @@ FULL = Profile(
         AttentionCase("blas-window", 40, 10, 5, 4, 2, 32),
         AttentionCase("softcap-parallel", 3, 200, 0, 8, 2, 64, softcap=0.8),
         AttentionCase("softcap-blas", 40, 10, 5, 4, 2, 32, softcap=0.8),
+        AttentionCase("sinks-parallel", 3, 200, 0, 8, 2, 64, sinks=True),
+        AttentionCase("sinks-blas", 40, 10, 5, 4, 2, 32, sinks=True),
     ),
     kv_rows=(1, 40),
     kv_head_dim=64,

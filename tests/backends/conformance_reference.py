@@ -184,7 +184,7 @@ def visible_keys(position: int, window: int) -> np.ndarray:
     return np.arange(first, position + 1)
 
 
-def attend_reference(q, keys, values, scale, softcap=0.0):
+def attend_reference(q, keys, values, scale, softcap=0.0, sink=None):
     """One query row q float64[D] over keys, values float64[n, D]: (out[D], bound[D]).
 
     Bound: a float32 score s_j = scale * q.k_j is off by at most delta_j = (D + 2) U scale sum|q k_j|;
@@ -195,20 +195,22 @@ def attend_reference(q, keys, values, scale, softcap=0.0):
     the weighted sum of the values adds n U of sum p_j |v_j|. Together, per output dim d:
     sum_j p_j |v_jd| * (2 eta + (2n + 16) U).
     Soft-capping (softcap > 0: s -> softcap tanh(s / softcap)) does not widen delta (tanh's slope is at
-    most 1) and adds its own rounding: the division, tanh (4U allowed) and the product, 8U of softcap."""
+    most 1) and adds its own rounding: the division, tanh (4U allowed) and the product, 8U of softcap.
+    An attention sink (a logit with no value) joins the softmax as one more score, exact (delta 0)."""
     d = q.shape[0]
     s = keys @ q * scale
     delta = (d + 2) * U * scale * (np.abs(keys) @ np.abs(q))
     if softcap > 0:
         s = softcap * np.tanh(s / softcap)
         delta = delta + 8 * U * softcap
-    eta = np.max(delta + delta.max() + U * np.abs(s - s.max()))
-    p = np.exp(s - s.max())
-    p /= p.sum()
-    return p @ values, (p @ np.abs(values)) * (2 * eta + (2 * len(s) + 16) * U)
+    top = s.max() if sink is None else max(s.max(), float(sink))
+    eta = np.max(delta + delta.max() + U * np.abs(s - top))
+    p = np.exp(s - top)
+    p /= p.sum() + (0.0 if sink is None else np.exp(float(sink) - top))
+    return p @ values, (p @ np.abs(values)) * (2 * eta + (2 * len(s) + 18) * U)
 
 
-def attention_reference(q, cache_k, cache_v, positions, scale, window, softcap=0.0):
+def attention_reference(q, cache_k, cache_v, positions, scale, window, softcap=0.0, sinks=None):
     """q float32[T, Hq, D], row t at positions[t], over float16 caches [n, Hkv, D] (GQA: query head h
     reads kv head h // (Hq / Hkv)): (reference, bound) float64[T, Hq, D]."""
     n_tok, n_head, _ = q.shape
@@ -219,7 +221,7 @@ def attention_reference(q, cache_k, cache_v, positions, scale, window, softcap=0
         keys = visible_keys(int(positions[t]), window)
         for h in range(n_head):
             ref[t, h], bound[t, h] = attend_reference(q64[t, h], k64[keys, h // group], v64[keys, h // group], scale,
-                                                      softcap)
+                                                      softcap, None if sinks is None else sinks[h])
     return ref, bound
 
 
@@ -240,6 +242,13 @@ def gated_act_reference(gate, up, kind):
     product with up, 16U. A backend that computes GELU in float32 is well within it."""
     g = gate.astype(np.float64)
     u = up.astype(np.float64)
+    if kind == "swiglu_oai":  # gpt-oss: clamps exact in float32; then SiLU's chain, with one more product
+        g, u = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)
+        ref = g / (1 + np.exp(-1.702 * g)) * (u + 1)
+        # the CPU's exp takes arguments below -87 as -87 (backends/cpu/kernels._exp_nonpositive): there
+        # sigmoid(1.702 g) reads e^-87 (1.6e-38) for ~0, harmless, which the bound allows for
+        floor = np.exp(-87.0) * np.abs(g) * np.abs(u + 1)
+        return ref, 24 * U * np.abs(ref) + 8 * U * np.abs(g / (1 + np.exp(-1.702 * g))) + floor + 2.0**-126
     if kind == "silu":
         act = g / (1 + np.exp(-g))
         ref = act * u

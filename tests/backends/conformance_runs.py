@@ -66,19 +66,22 @@ def matmul_segments(backend, qtype, raw, k, x, bounds, bias):
     return {"together": together, "alone": np.concatenate(alone), "held_as": w.qtype}
 
 
-def matmul_experts(backend, qtype, raw, k, n_expert, x, groups, bounds):
+def matmul_experts(backend, qtype, raw, k, n_expert, x, groups, bounds, bias=None):
     """matmul_experts of x float32[P, K] (rows grouped by expert: bounds[g]..bounds[g+1] through expert
     groups[g]) over n_expert matrices stored one after another in raw (uint8[n_expert * N, row_bytes]),
-    and each row alone as a T=1 matmul of its expert."""
+    with each expert's bias (float32[n_expert, N] or None), and each row alone as a T=1 matmul of its
+    expert with its bias."""
     n_out = raw.shape[0] // n_expert
     stacked = backend.upload(Weight("blk.0.ffn_up_exps.weight", qtype, (k, n_out, n_expert), raw))
     experts = expert_views(stacked)
     out = backend.alloc((x.shape[0], n_out))
-    backend.matmul_experts(stacked, to_backend(backend, x), np.asarray(groups, np.int32), np.asarray(bounds, np.int32), out)
+    backend.matmul_experts(stacked, to_backend(backend, x), np.asarray(groups, np.int32), np.asarray(bounds, np.int32), out,
+                           bias)
     alone = []
     for g, expert in enumerate(groups):
         for row in range(bounds[g], bounds[g + 1]):
-            alone.append(_product(backend, backend.matmul, experts[expert], x[row : row + 1], None)[0])
+            alone.append(_product(backend, backend.matmul, experts[expert], x[row : row + 1],
+                                  None if bias is None else bias[expert])[0])
     return {"together": backend.to_host(out).copy(), "alone": np.array(alone), "held_as": stacked.qtype}
 
 
@@ -119,11 +122,11 @@ def rope(backend, x, positions, n_rot, base, neox, factors, freq_scale, mscale=1
     return backend.to_host(buffer).copy()
 
 
-def attention(backend, q, cache_k, cache_v, start, scale, window, softcap=0.0):
-    """q float32[T, Hq, D] over the float16 caches [n_ctx, Hkv, D]: float32[T, Hq, D]."""
+def attention(backend, q, cache_k, cache_v, start, scale, window, softcap=0.0, sinks=None):
+    """q float32[T, Hq, D] over the float16 caches [n_ctx, Hkv, D] (sinks: float32[Hq] or None): float32[T, Hq, D]."""
     out = backend.alloc(q.shape)
     backend.attention(to_backend(backend, q), to_backend(backend, cache_k), to_backend(backend, cache_v),
-                      start, scale, window, out, softcap)
+                      start, scale, window, out, softcap, sinks)
     return backend.to_host(out).copy()
 
 
@@ -135,19 +138,19 @@ def kv_store(backend, k, v, n_ctx, start):
     return {"k": backend.to_host(cache_k).copy(), "v": backend.to_host(cache_v).copy()}
 
 
-def paged(backend, q, k, v, cache_k, cache_v, layout, scale, window, contiguous, softcap=0.0):
+def paged(backend, q, k, v, cache_k, cache_v, layout, scale, window, contiguous, softcap=0.0, sinks=None):
     """kv_store_paged of k, v float32[T, Hkv, D] into the paged caches float16[NB, BS, Hkv, D] at
     layout.slots, then attention_paged of q float32[T, Hq, D]; and, for each sequence s, `attention` of its
     rows on the contiguous cache contiguous[s] (float16[n, Hkv, D]: its keys in position order)."""
     dev_k, dev_v = to_backend(backend, cache_k), to_backend(backend, cache_v)
     backend.kv_store_paged(dev_k, dev_v, to_backend(backend, k), to_backend(backend, v), layout.slots)
     out = backend.alloc(q.shape)
-    backend.attention_paged(to_backend(backend, q), dev_k, dev_v, layout, scale, window, out, softcap)
+    backend.attention_paged(to_backend(backend, q), dev_k, dev_v, layout, scale, window, out, softcap, sinks)
     alone = []
     for s, (keys, values) in enumerate(contiguous):
         first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
         alone.append(attention(backend, q[first : first + n], keys, values, int(layout.seq_start[s]), scale, window,
-                               softcap))
+                               softcap, sinks))
     return {"k": backend.to_host(dev_k).copy(), "v": backend.to_host(dev_v).copy(),
             "out": backend.to_host(out).copy(), "alone": np.concatenate(alone)}
 

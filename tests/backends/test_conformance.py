@@ -185,23 +185,26 @@ def test_matmul_segments_equal_each_segment_alone(targets, backend_name, qtype):
         check_product(got["together"][a:b], qtype, raw, got["held_as"], x[a:b], bias, f"{backend_name} {qtype} segment {a}:{b}")
 
 
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
 @pytest.mark.parametrize("backend_name,qtype", per_backend_and_type())
-def test_matmul_experts_equal_each_row_through_its_expert_alone(targets, backend_name, qtype):
+def test_matmul_experts_equal_each_row_through_its_expert_alone(targets, backend_name, qtype, with_bias):
     """Three experts; rows grouped as routing groups them (expert 2 then 0, expert 1 unused): every row
-    exactly as a T=1 matmul of its expert computes it, and within the bound of that expert's product."""
+    exactly as a T=1 matmul of its expert computes it (with its bias, gpt-oss's), and within the bound of
+    that expert's product."""
     p = profile_of(backend_name)
-    rng = rng_for("experts", backend_name, qtype)
+    rng = rng_for("experts", backend_name, qtype, with_bias)
     n_expert, groups, bounds = 3, [0, 2], [0, 3, 5]
     rows = max(16, p.n_out // 16 * 16)  # whole tiles of 16 rows: where the CPU has a grouped kernel, it runs
     raw = random_weight(rng, qtype, n_expert * rows, p.k)
     x = rng.normal(0, 1, (bounds[-1], p.k)).astype(np.float32)
+    bias = rng.normal(0, 0.1, (n_expert, rows)).astype(np.float32) if with_bias else None
     got = targets[backend_name].run("matmul_experts", qtype=qtype, raw=raw, k=p.k, n_expert=n_expert, x=x,
-                                    groups=groups, bounds=bounds)
+                                    groups=groups, bounds=bounds, bias=bias)
     assert_bits_equal(got["together"], got["alone"], f"{backend_name} {qtype} matmul_experts")
     for g, expert in enumerate(groups):
         a, b = bounds[g], bounds[g + 1]
         check_product(got["together"][a:b], qtype, raw[expert * rows : (expert + 1) * rows], got["held_as"],
-                      x[a:b], None, f"{backend_name} {qtype} expert {expert}")
+                      x[a:b], None if bias is None else bias[expert], f"{backend_name} {qtype} expert {expert}")
 
 
 @pytest.mark.parametrize("backend_name", BACKEND_NAMES)
@@ -348,14 +351,16 @@ def attention_inputs(rng, case):
 
 @pytest.mark.parametrize("backend_name,case", per_backend(lambda p: p.attention, ids=lambda c: c.name))
 def test_attention(targets, backend_name, case):
-    q, k, v = attention_inputs(rng_for("attention", backend_name, case.name), case)
+    rng = rng_for("attention", backend_name, case.name)
+    q, k, v = attention_inputs(rng, case)
+    sinks = rng.normal(1.0, 1.0, case.n_head).astype(np.float32) if case.sinks else None  # near the scores' range
     scale = case.head_dim**-0.5
     got = targets[backend_name].run("attention", q=q, cache_k=k, cache_v=v, start=case.start, scale=scale,
-                                    window=case.window, softcap=case.softcap)
+                                    window=case.window, softcap=case.softcap, sinks=sinks)
     positions = case.start + np.arange(case.n_tokens)
-    assert_within(got, *attention_reference(q, k, v, positions, scale, case.window, case.softcap),
+    assert_within(got, *attention_reference(q, k, v, positions, scale, case.window, case.softcap, sinks),
                   f"{backend_name} attention {case}")
-    if case.softcap:  # the cap changes the result: without it the reference is outside the bound
+    if case.softcap or case.sinks:  # the cap or the sinks change the result: without, the reference is off
         plain, _ = attention_reference(q, k, v, positions, scale, case.window)
         assert np.abs(plain - got).max() > 1e-2
 
@@ -379,10 +384,10 @@ def paged_layout(rng, sequences, block_size):
                        block_size=block_size), len(blocks)
 
 
-@pytest.mark.parametrize("softcap", [0.0, 0.8], ids=["", "softcap"])
+@pytest.mark.parametrize("softcap,sinks", [(0.0, False), (0.8, False), (0.0, True)], ids=["", "softcap", "sinks"])
 @pytest.mark.parametrize("window", [0, 3], ids=["causal", "window"])
 @pytest.mark.parametrize("backend_name", BACKEND_NAMES)
-def test_paged_store_and_attention(targets, backend_name, window, softcap):
+def test_paged_store_and_attention(targets, backend_name, window, softcap, sinks):
     """Sequences over shuffled blocks of 4 positions (a decode row, a short chunk, and on the CPU a chunk
     long enough for BLAS): the store puts each row at its slot (NumPy's float16 rounding, nothing else
     touched); each row's attention is within the bound of the reference over its sequence's keys, and
@@ -394,6 +399,7 @@ def test_paged_store_and_attention(targets, backend_name, window, softcap):
     n_rows = len(layout.row_seq)
     cache_k, cache_v = (rng.normal(0, 1, (n_blocks, block_size, n_kv, head_dim)).astype(np.float16) for _ in range(2))
     k, v, q = (rng.normal(0, 1, (n_rows, h, head_dim)).astype(np.float32) for h in (n_kv, n_kv, n_head))
+    sinks = rng.normal(1.0, 1.0, n_head).astype(np.float32) if sinks else None
     want_k, want_v = cache_k.copy(), cache_v.copy()
     want_k.reshape(-1, n_kv, head_dim)[layout.slots] = k
     want_v.reshape(-1, n_kv, head_dim)[layout.slots] = v
@@ -403,12 +409,12 @@ def test_paged_store_and_attention(targets, backend_name, window, softcap):
         slots = layout.tables[s, positions // block_size] * block_size + positions % block_size
         contiguous.append((want_k.reshape(-1, n_kv, head_dim)[slots], want_v.reshape(-1, n_kv, head_dim)[slots]))
     got = targets[backend_name].run("paged", q=q, k=k, v=v, cache_k=cache_k, cache_v=cache_v, layout=layout,
-                                    scale=0.3, window=window, contiguous=contiguous, softcap=softcap)
+                                    scale=0.3, window=window, contiguous=contiguous, softcap=softcap, sinks=sinks)
     assert_bits_equal(got["k"], want_k, f"{backend_name} kv_store_paged k")
     assert_bits_equal(got["v"], want_v, f"{backend_name} kv_store_paged v")
     for s, (keys, values) in enumerate(contiguous):
         rows = slice(layout.seq_first[s], layout.seq_first[s] + layout.seq_rows[s])
-        ref, bound = attention_reference(q[rows], keys, values, layout.positions[rows], 0.3, window, softcap)
+        ref, bound = attention_reference(q[rows], keys, values, layout.positions[rows], 0.3, window, softcap, sinks)
         assert_within(got["out"][rows], ref, bound, f"{backend_name} attention_paged sequence {s}")
     assert_bits_equal(got["out"], got["alone"], f"{backend_name} attention_paged against attention")
 
@@ -422,15 +428,16 @@ GATE_CORNERS = [-12.0, -10.0, -9.99, 9.99, 10.0, 12.0, 0.0, -0.0, 1e-6, -1e-6, 1
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
-@pytest.mark.parametrize("kind", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("kind", ["silu", "gelu_tanh", "swiglu_oai"])
 @pytest.mark.parametrize("backend_name,shape", per_backend(lambda p: p.act_shapes, ids=lambda s: "x".join(map(str, s))))
 def test_gated_act(targets, backend_name, shape, kind, in_place):
     """act(gate) * up; gates ~N(0, 3) and the corners of the CPU's GELU table (|g| >= 10 computed, not
-    looked up) and of exp; in place (out is gate) as the decoder runs it."""
+    looked up) and of exp; in place (out is gate) as the decoder runs it. gpt-oss's clamped SwiGLU gets
+    up values past its clamp (+-7) too."""
     rng = rng_for("act", backend_name, shape, kind)
     gate = rng.normal(0, 3, shape).astype(np.float32)
     gate.reshape(-1)[: len(GATE_CORNERS)] = GATE_CORNERS
-    up = rng.normal(0, 1, shape).astype(np.float32)
+    up = rng.normal(0, 5 if kind == "swiglu_oai" else 1, shape).astype(np.float32)
     got = targets[backend_name].run("gated_act", gate=gate, up=up, kind=kind, in_place=in_place)
     assert_within(got, *gated_act_reference(gate, up, kind), f"{backend_name} {kind}")
 

@@ -163,7 +163,7 @@ def test_gemma_builtin_refuses_non_alternating_roles_like_the_official_one():
 # -- the published templates of the newer families, rendered in the sandbox --------------------------------
 #
 # The templates the GGUF files of Gemma 2, Gemma 4, Phi-3.5, Phi-4, Phi-4-mini, Granite 3.3, SmolLM3, Mistral
-# Small 3.2, Ministral 3 and OLMo 2 carry (tests/data/chat_templates/SOURCES.md), rendered by localllm's
+# Small 3.2, Ministral 3, OLMo 2 and gpt-oss carry (tests/data/chat_templates/SOURCES.md), rendered by localllm's
 # sandbox with a system message and tools where the template takes them: the text must be what plain jinja2
 # renders (HF's setup), and hold the family's role tags, the tool definitions and the generation prompt.
 
@@ -219,6 +219,14 @@ PUBLISHED = {
                           ["<s>[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT]",
                            "[AVAILABLE_TOOLS]" + json.dumps([WEATHER_TOOL]) + "[/AVAILABLE_TOOLS]", "[INST]Hello[/INST]Hi there</s>"],
                           "[INST]Who are you[/INST]"),
+    # gpt-oss's "harmony" format: a system message of its own (model identity, today's date, the channels),
+    # the conversation's system message as the developer's instructions, the tools as a TypeScript namespace
+    "gpt-oss.jinja": ("<|startoftext|>", "<|return|>", SYSTEM, True,
+                      ["<|start|>system<|message|>You are ChatGPT", "Calls to these tools must go to the commentary channel",
+                       "<|start|>developer<|message|># Instructions\n\nYou are a helpful assistant\n\n# Tools",
+                       "type get_weather = (_: {\n// The city\ncity: string,\n}) => any;",
+                       "<|start|>user<|message|>Hello<|end|>", "<|start|>assistant<|channel|>final<|message|>Hi there<|end|>"],
+                      "<|start|>assistant"),
     "olmo2.jinja": ("<|endoftext|>", "<|endoftext|>", SYSTEM, False,
                     ["<|endoftext|><|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\nHi there<|endoftext|>\n"],
                     "<|user|>\nWho are you\n<|assistant|>\n"),
@@ -263,6 +271,8 @@ TOOL_ROUND_TRIP = [
     ("mistral-small-3.2.jinja", '[TOOL_CALLS]get_weather[CALL_ID]abcDEF123[ARGS]{"city": "Paris"}</s>',
      "[TOOL_RESULTS]abcDEF123[TOOL_CONTENT]18 C, sunny[/TOOL_RESULTS]"),
     ("ministral-3.jinja", "[TOOL_CALLS]get_weather[ARGS]", "[TOOL_RESULTS]18 C, sunny[/TOOL_RESULTS]"),
+    ("gpt-oss.jinja", '<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Paris"}<|call|>',
+     '<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>"18 C, sunny"<|end|>'),
 ])
 def test_published_template_renders_a_tool_call_and_its_result(name, call_marker, result_marker):
     bos, eos = PUBLISHED[name][:2]

@@ -40,9 +40,11 @@ class BlasAttention:
             buf = self._scratch[(name, worker)] = np.empty(size, dtype=np.float32)
         return buf[:size]
 
-    def __call__(self, q, cache_k, cache_v, start: int, scale: float, window: int, out, softcap: float = 0.0) -> None:
+    def __call__(self, q, cache_k, cache_v, start: int, scale: float, window: int, out, softcap: float = 0.0,
+                 sinks=None) -> None:
         """q float32[T, Hq, D]; cache float16[n_ctx, Hkv, D] (positions < start + T filled);
-        out float32[T, Hq, D]. Query t sits at position start + t. softcap: see masked_softmax_rows."""
+        out float32[T, Hq, D]. Query t sits at position start + t. softcap, sinks (float32[Hq], -inf for
+        none): see masked_softmax_rows."""
         n_tokens, n_head, head_dim = q.shape
         n_kv = cache_k.shape[1]
         window = int(window)
@@ -56,7 +58,7 @@ class BlasAttention:
             kernels.f16_head_to_f32(v_bits, g, lo, kv[g, 1])
         jobs = [(g, t0) for g in range(n_kv) for t0 in range(0, n_tokens, self.block)]
         workers = min(self.workers, len(jobs))
-        args = (q, kv, lo, start, np.float32(scale), np.float32(softcap), window, out)
+        args = (q, kv, lo, start, np.float32(scale), np.float32(softcap), window, out, sinks)
         if workers <= 1:
             self._blocks(jobs, 0, *args)
             return
@@ -70,7 +72,7 @@ class BlasAttention:
         for future in futures:
             future.result()
 
-    def _blocks(self, jobs, worker: int, q, kv, lo: int, start: int, scale, softcap, window: int, out) -> None:
+    def _blocks(self, jobs, worker: int, q, kv, lo: int, start: int, scale, softcap, window: int, out, sinks) -> None:
         """The (KV head g, query block from t0) jobs, on this worker's scratch."""
         n_tokens, n_head, head_dim = q.shape
         n_kv = kv.shape[0]
@@ -92,7 +94,7 @@ class BlasAttention:
             s = scores[: rows * (k1 - k0)].reshape(rows, k1 - k0)
             qb = q[t0:t1, heads].reshape(rows, head_dim)  # a view when n_kv == 1
             np.matmul(qb, kv[g, 0, k0 - lo : k1 - lo].T, out=s)
-            kernels.masked_softmax_rows(s, first_pos, group, k0, scale, softcap, window)
+            kernels.masked_softmax_rows(s, first_pos, group, k0, scale, softcap, window, sinks[heads])
             if direct:
                 np.matmul(s, kv[g, 1, k0 - lo : k1 - lo], out=out[t0:t1].reshape(rows, head_dim))
             else:

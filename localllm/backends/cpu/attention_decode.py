@@ -52,14 +52,20 @@ EXP_UNDERFLOWS_BELOW = np.float32(-104.0)
 
 
 @_ordered
-def _softmax_in_place(row, first, pos, best):
-    """row[first..pos] = exp(row - best), returning 1 / their sum."""
+def _softmax_in_place(row, first, pos, best, sink):
+    """row[first..pos] = exp(row - m), returning 1 / (their sum + exp(sink - m)), m = max(best, sink):
+    the softmax with an attention sink (gpt-oss: a per-head logit that takes a share of the weights and
+    gives no value, added after the sum as llama.cpp adds it); sink -inf for none (the same bits)."""
+    if sink > best:
+        best = sink
     total = np.float32(0.0)
     for j in range(first, pos + 1):
         x = row[j] - best
         e = np.float32(0.0) if x < EXP_UNDERFLOWS_BELOW else np.float32(math.exp(x))  # NaN goes to exp
         row[j] = e
         total += e
+    if sink > -np.inf:
+        total += np.float32(math.exp(sink - best))
     return np.float32(1.0) / total
 
 
@@ -87,10 +93,11 @@ def _block_span(b, block_size, first, pos):
 # has no tail loops (empty ones inside its loop over positions made it 2x slower); other sizes go
 # through _attend.
 @_ordered
-def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, softcap, row, dst):
+def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, softcap, sink, row, dst):
     """dst = softmax(cap(scale * K[first..pos] . qv)) @ V[first..pos] for one head, position j of the cache
     in block table[j // BS], slot j % BS (cache float16 bits [NB, BS, Hkv, D]); row: scores scratch.
-    cap(s) = softcap * tanh(s / softcap) when softcap > 0 (Gemma 2's soft-capping), else s."""
+    cap(s) = softcap * tanh(s / softcap) when softcap > 0 (Gemma 2's soft-capping), else s; sink: the
+    head's attention sink (see _softmax_in_place), -inf for none."""
     block_size = cache_k.shape[1]
     best = -np.inf
     for b in range(first // block_size, pos // block_size + 1):
@@ -101,7 +108,7 @@ def _attend(qv, cache_k, cache_v, table, kvh, first, pos, scale, softcap, row, d
             row[base + slot] = s
             if s > best:
                 best = s
-    inv = _softmax_in_place(row, first, pos, best)
+    inv = _softmax_in_place(row, first, pos, best, sink)
     dst[:] = 0.0
     for b in range(first // block_size, pos // block_size + 1):
         values, base = cache_v[table[b]], b * block_size
@@ -118,7 +125,7 @@ PREFETCH_ROWS = 8
 
 
 @_ordered
-def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale, softcap):
+def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale, softcap, sinks):
     """_attend for heads h..h+3 of one query row (q, out [Hq, D]; scores [Hq, n_keys]), which share key
     head kvh; the head size a multiple of DOT_LANES."""
     block_size = cache_k.shape[1]
@@ -147,10 +154,10 @@ def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale,
                 b2 = s2
             if s3 > b3:
                 b3 = s3
-    i0 = _softmax_in_place(r0, first, pos, b0)
-    i1 = _softmax_in_place(r1, first, pos, b1)
-    i2 = _softmax_in_place(r2, first, pos, b2)
-    i3 = _softmax_in_place(r3, first, pos, b3)
+    i0 = _softmax_in_place(r0, first, pos, b0, sinks[h])
+    i1 = _softmax_in_place(r1, first, pos, b1, sinks[h + 1])
+    i2 = _softmax_in_place(r2, first, pos, b2, sinks[h + 2])
+    i3 = _softmax_in_place(r3, first, pos, b3, sinks[h + 3])
     d0, d1, d2, d3 = out[h], out[h + 1], out[h + 2], out[h + 3]
     d0[:] = 0.0
     d1[:] = 0.0
@@ -167,15 +174,16 @@ def _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale,
 
 
 @_ordered
-def _attend_heads(q, scores, out, h, n, cache_k, cache_v, table, kvh, first, pos, scale, softcap):
+def _attend_heads(q, scores, out, h, n, cache_k, cache_v, table, kvh, first, pos, scale, softcap, sinks):
     """_attend for heads h..h+n-1 of one query row (sharing key head kvh): four at a time, then singly
-    (all singly when the head size is not a multiple of DOT_LANES)."""
+    (all singly when the head size is not a multiple of DOT_LANES). sinks float32[Hq]: each head's
+    attention sink, -inf for none."""
     end = h + n
     while h + 4 <= end and q.shape[1] % DOT_LANES == 0:
-        _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale, softcap)
+        _attend4(q, scores, out, h, cache_k, cache_v, table, kvh, first, pos, scale, softcap, sinks)
         h += 4
     while h < end:
-        _attend(q[h], cache_k, cache_v, table, kvh, first, pos, scale, softcap, scores[h], out[h])
+        _attend(q[h], cache_k, cache_v, table, kvh, first, pos, scale, softcap, sinks[h], scores[h], out[h])
         h += 1
 
 
@@ -209,40 +217,40 @@ def _job_heads(job, n_head, n_head_kv, heads_per_job):
 
 
 @cached_kernel(nogil=True, fastmath=False, error_model="numpy")
-def _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, window, out, scores, heads_per_job, job):
+def _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, sinks, window, out, scores, heads_per_job, job):
     """Job `job` of `attention` (see _job_heads), over the contiguous cache seen as block 0 of a paged one."""
     n_head = q.shape[1]
     t, kvh, h, n = _job_heads(job, n_head, blocks_k.shape[2], heads_per_job)
     pos = start + t
     _attend_heads(q[t], scores[t * n_head : (t + 1) * n_head], out[t], h, n, blocks_k, blocks_v, one_block, kvh,
-                  _first_key(pos, window), pos, scale, softcap)
+                  _first_key(pos, window), pos, scale, softcap, sinks)
 
 
 @cached_kernel(nogil=True, parallel=True, fastmath=False, error_model="numpy")
-def attention(q, cache_k, cache_v, start, scale, softcap, window, out, scores, heads_per_job):
+def attention(q, cache_k, cache_v, start, scale, softcap, sinks, window, out, scores, heads_per_job):
     """q float32[T, Hq, D]; cache float16 bits uint16[n_ctx, Hkv, D]; out float32[T, Hq, D]; softcap:
-    0, or the scores' soft cap (see _attend);
+    0, or the scores' soft cap (see _attend); sinks float32[Hq]: attention sinks, -inf for none;
     scores float32[T*Hq, n_keys] scratch with n_keys >= start+T; heads_per_job: see attention_jobs
     (the results do not depend on it)."""
     one_block = np.zeros(1, dtype=np.int32)  # the whole cache as block 0 of a paged one
     blocks_k = cache_k.reshape((1,) + cache_k.shape)
     blocks_v = cache_v.reshape((1,) + cache_v.shape)
     for job in prange(attention_jobs(q.shape[0], q.shape[1], cache_k.shape[1], heads_per_job)):
-        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, window, out, scores, heads_per_job, job)
+        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, sinks, window, out, scores, heads_per_job, job)
 
 
 @cached_kernel(nogil=True, fastmath=False, error_model="numpy")
-def attention_serial(q, cache_k, cache_v, start, scale, softcap, window, out, scores, heads_per_job):
+def attention_serial(q, cache_k, cache_v, start, scale, softcap, sinks, window, out, scores, heads_per_job):
     """`attention` on the calling thread (see rms_norm_serial)."""
     one_block = np.zeros(1, dtype=np.int32)
     blocks_k = cache_k.reshape((1,) + cache_k.shape)
     blocks_v = cache_v.reshape((1,) + cache_v.shape)
     for job in range(attention_jobs(q.shape[0], q.shape[1], cache_k.shape[1], heads_per_job)):
-        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, window, out, scores, heads_per_job, job)
+        _attention_job(q, blocks_k, blocks_v, one_block, start, scale, softcap, sinks, window, out, scores, heads_per_job, job)
 
 
 @_ordered
-def attention_by_head(q, cache_k, cache_v, start, scale, softcap, window, out, scores):
+def attention_by_head(q, cache_k, cache_v, start, scale, softcap, sinks, window, out, scores):
     """`attention` on the calling thread, every query head through _attend alone: the same bits per
     head, and a third of the compile time of attention_serial (the cold start's basic tier, tiers.py)."""
     one_block = np.zeros(1, dtype=np.int32)
@@ -254,12 +262,12 @@ def attention_by_head(q, cache_k, cache_v, start, scale, softcap, window, out, s
         pos = start + t
         first = _first_key(pos, window)
         for h in range(n_head):
-            _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, first, pos, scale, softcap,
+            _attend(q[t, h], blocks_k, blocks_v, one_block, h // group, first, pos, scale, softcap, sinks[h],
                     scores[t * n_head + h], out[t, h])
 
 
 @cached_kernel(nogil=True, parallel=True, fastmath=False, error_model="numpy")
-def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, softcap, window, out, scores,
+def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale, softcap, sinks, window, out, scores,
                     heads_per_job):
     """The `attention` kernel over a paged cache, for the rows listed in `rows` only.
 
@@ -273,4 +281,4 @@ def attention_paged(q, cache_k, cache_v, tables, row_seq, positions, rows, scale
         t = rows[r]
         pos = positions[t]
         _attend_heads(q[t], scores[r * n_head : (r + 1) * n_head], out[t], h, n, cache_k, cache_v, tables[row_seq[t]],
-                      kvh, _first_key(pos, window), pos, scale, softcap)
+                      kvh, _first_key(pos, window), pos, scale, softcap, sinks)

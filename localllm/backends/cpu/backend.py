@@ -85,6 +85,7 @@ class CPUBackend(Backend):
         self._gelu_table = None
         self._paged_rows = np.empty(0, dtype=np.int32)
         self._expert_packs: dict[int, tuple] = {}  # id(expert tensor) -> (it, its ExpertPack or None)
+        self._no_sinks: dict[int, np.ndarray] = {}  # Hq -> float32[Hq] of -inf: attention without sinks
         self.background: BackgroundCompile | None = None
         self.arena: HugePageArena | None = None  # where upload copies matrices to; None: left mapped
 
@@ -214,15 +215,18 @@ class CPUBackend(Backend):
         if bias is not None:
             out += bias
 
-    def matmul_experts(self, w: Weight, x, groups, bounds, out) -> None:
+    def matmul_experts(self, w: Weight, x, groups, bounds, out, bias=None) -> None:
         """One call of the type's grouped kernel for all the groups where it has one (ExpertPack), else
         the groups one by one (Backend.matmul_experts); the basic tier (tiers.py) re-lays nothing."""
         pack = None if self.basic_tier or not self.repack else self._expert_pack(w)
         if pack is None:
-            super().matmul_experts(w, x, groups, bounds, out)
+            super().matmul_experts(w, x, groups, bounds, out, bias)
             return
         self.thread_policy.for_op(1)  # the decode path's thread count, whatever the number of rows
         pack.matmul(x, groups, bounds, out, self.scratch, numba.get_num_threads())
+        if bias is not None:
+            for g, e in enumerate(groups):
+                out[bounds[g] : bounds[g + 1]] += bias[e]
 
     def _expert_pack(self, w: Weight):
         entry = self._expert_packs.get(id(w))
@@ -286,10 +290,20 @@ class CPUBackend(Backend):
         for src, cache in ((k, cache_k), (v, cache_v)):
             kernels.store_f16_block(src.reshape(n, *cache.shape[1:]), cache.view(np.uint16), start)
 
-    def attention(self, q, cache_k, cache_v, start, scale, window, out, softcap=0.0) -> None:
+    def _sinks(self, sinks, n_head: int) -> np.ndarray:
+        """float32[Hq] of the heads' attention sinks: the given ones, or -inf for none (made once per Hq)."""
+        if sinks is not None:
+            return sinks
+        none = self._no_sinks.get(n_head)
+        if none is None:
+            none = self._no_sinks[n_head] = np.full(n_head, -np.inf, dtype=np.float32)
+        return none
+
+    def attention(self, q, cache_k, cache_v, start, scale, window, out, softcap=0.0, sinks=None) -> None:
         n_tokens, n_head, _ = q.shape
+        sinks = self._sinks(sinks, n_head)
         if n_tokens >= BLAS_MIN_ROWS:  # prefill: matrix products through BLAS
-            self._blas_attention(q, cache_k, cache_v, start, scale, window, out, softcap)
+            self._blas_attention(q, cache_k, cache_v, start, scale, window, out, softcap, sinks)
             return
         needed = n_tokens * n_head * (start + n_tokens)
         # work: scores times head_dim (Gemma 3 270M: one thread up to 256 cached positions)
@@ -299,13 +313,12 @@ class CPUBackend(Backend):
         scores = self._scores[:needed].reshape(n_tokens * n_head, start + n_tokens)
         if self.basic_tier:
             attention_decode.attention_by_head(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start,
-                                               np.float32(scale), np.float32(softcap), int(window), out, scores)
+                                               np.float32(scale), np.float32(softcap), sinks, int(window), out, scores)
             return
         kernel = attention_decode.attention if parallel else attention_decode.attention_serial
         heads_per_job = self._heads_per_job(n_tokens, n_head, cache_k.shape[1], parallel)
-        kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), np.float32(softcap), int(window),
-               out, scores,
-               heads_per_job)
+        kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), np.float32(softcap), sinks,
+               int(window), out, scores, heads_per_job)
 
     def _heads_per_job(self, n_rows: int, n_head: int, n_head_kv: int, parallel: bool) -> int:
         """4 (the query heads of a key head attend together, each cached row read once for four) unless
@@ -322,10 +335,11 @@ class CPUBackend(Backend):
         kernels.store_f16_rows(k, flat_k.view(np.uint16), slots)  # rounded to float16 as kv_store rounds
         kernels.store_f16_rows(v, flat_v.view(np.uint16), slots)
 
-    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out, softcap=0.0) -> None:
+    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out, softcap=0.0, sinks=None) -> None:
         """A sequence with BLAS_MIN_ROWS rows or more in this step (a prefill chunk) goes through BLAS
         on a contiguous copy of its keys, as `attention` sends such a batch; all other rows (decode rows,
         short chunks) through one Numba kernel call."""
+        sinks = self._sinks(sinks, q.shape[1])
         if self._paged_rows.size < q.shape[0]:
             self._paged_rows = np.empty(2 * q.shape[0], dtype=np.int32)
         kernel_rows = self._paged_rows  # int32[R]: the rows the Numba kernel computes
@@ -333,7 +347,7 @@ class CPUBackend(Backend):
         for s in range(layout.seq_rows.shape[0]):
             first, n = int(layout.seq_first[s]), int(layout.seq_rows[s])
             if n >= BLAS_MIN_ROWS:
-                self._paged_blas(q, cache_k, cache_v, layout, s, scale, window, out, softcap)
+                self._paged_blas(q, cache_k, cache_v, layout, s, scale, window, out, softcap, sinks)
                 continue
             for row in range(first, first + n):
                 kernel_rows[n_kernel] = row
@@ -349,22 +363,26 @@ class CPUBackend(Backend):
         scores = self._scores[:needed].reshape(n_kernel * n_head, n_keys)
         attention_decode.attention_paged(
             q, cache_k.view(np.uint16), cache_v.view(np.uint16), layout.tables, layout.row_seq,
-            layout.positions, kernel_rows[:n_kernel], np.float32(scale), np.float32(softcap), int(window), out, scores,
+            layout.positions, kernel_rows[:n_kernel], np.float32(scale), np.float32(softcap), sinks, int(window), out, scores,
             self._heads_per_job(n_kernel, n_head, cache_k.shape[2], True),
         )
 
-    def _paged_blas(self, q, cache_k, cache_v, layout, s, scale, window, out, softcap) -> None:
+    def _paged_blas(self, q, cache_k, cache_v, layout, s, scale, window, out, softcap, sinks) -> None:
         first, n, start = int(layout.seq_first[s]), int(layout.seq_rows[s]), int(layout.seq_start[s])
         n_blocks = -(-(start + n) // cache_k.shape[1])
         table = layout.tables[s, :n_blocks]
         keys = cache_k[table].reshape(-1, *cache_k.shape[2:])  # contiguous float16 copies [n_blocks*BS, Hkv, D]
         values = cache_v[table].reshape(-1, *cache_v.shape[2:])
-        self._blas_attention(q[first : first + n], keys, values, start, scale, window, out[first : first + n], softcap)
+        self._blas_attention(q[first : first + n], keys, values, start, scale, window, out[first : first + n], softcap, sinks)
 
     def gated_act(self, gate, up, out, kind) -> None:
-        if kind not in ("silu", "gelu_tanh"):
+        if kind not in ("silu", "gelu_tanh", "swiglu_oai"):
             raise LocalLLMError(f"unknown activation {kind!r}")
-        kernel = kernels.gated_act if self.thread_policy.parallel(gate.shape[0], gate.size) else kernels.gated_act_serial
+        parallel = self.thread_policy.parallel(gate.shape[0], gate.size)
+        if kind == "swiglu_oai":
+            (kernels.swiglu_oai if parallel else kernels.swiglu_oai_serial)(gate, up, out)
+            return
+        kernel = kernels.gated_act if parallel else kernels.gated_act_serial
         if self._gelu_table is None:
             self._gelu_table = kernels.gelu_table()
         kernel(gate, up, out, kind == "gelu_tanh", self._gelu_table)

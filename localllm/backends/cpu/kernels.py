@@ -229,6 +229,34 @@ def _gated_act_row(gate, up, out, gelu, table, in_place):
         _swiglu_row(gate, up, out)
 
 
+# gpt-oss's clamped SwiGLU (ggml_swiglu_oai): the gate clamped above at LIMIT, the up side into
+# [-LIMIT, LIMIT], out = g * sigmoid(ALPHA * g) * (u + 1).
+OAI_ALPHA, OAI_LIMIT = np.float32(1.702), np.float32(7.0)
+
+
+@fast_kernel
+def _swiglu_oai_row(gate, up, out):
+    for i in range(gate.shape[0]):
+        g = min(gate[i], OAI_LIMIT)
+        u = min(max(up[i], -OAI_LIMIT), OAI_LIMIT)
+        e = _exp_nonpositive(-abs(OAI_ALPHA * g))  # sigmoid(a g) from exp(-|a g|), as _silu
+        sig = _divide(np.float32(1.0) if g >= np.float32(0.0) else e, np.float32(1.0) + e)
+        out[i] = g * sig * (u + np.float32(1.0))
+
+
+@fast_kernel(parallel=True)
+def swiglu_oai(gate, up, out):
+    """out[T, F] = gpt-oss's clamped SwiGLU of gate and up (out may be gate)."""
+    for t in prange(gate.shape[0]):
+        _swiglu_oai_row(gate[t], up[t], out[t])
+
+
+@fast_kernel
+def swiglu_oai_serial(gate, up, out):
+    for t in range(gate.shape[0]):
+        _swiglu_oai_row(gate[t], up[t], out[t])
+
+
 @fast_kernel(parallel=True)
 def gated_act(gate, up, out, gelu, table):
     """out[T, F] = act(gate) * up; gelu: GELU (tanh approximation) via `table` (gelu_table()), else SiLU.
@@ -309,13 +337,15 @@ def _sum_by_eights(x):
 
 
 @fast_kernel
-def masked_softmax_rows(scores, first_pos, group, key0, scale, softcap, window):
+def masked_softmax_rows(scores, first_pos, group, key0, scale, softcap, window, sinks):
     """Softmax, in place, of a block of raw scores (q . k) for prefill attention through BLAS.
 
     scores float32[R, n]: row r is query position first_pos + r // group (the `group` query heads of
     one KV head, position-major) against keys key0 .. key0 + n - 1. Each row becomes
     softmax(scale * row) over the keys that position sees (causal, and within `window` when > 0) and
     0 elsewhere; with softcap > 0, softmax(softcap * tanh(scale * row / softcap)) (Gemma 2). Every row must see its own position: key0 <= first_pos and key0 + n > the last row's.
+    sinks float32[group]: each head's attention sink (gpt-oss), -inf for none: a logit in the softmax's
+    sum that takes a share of the weights and gives no value (added after the sum, as llama.cpp adds it).
 
     Serial on purpose: it runs between BLAS calls, whose workers spin for the cores meanwhile. Measured
     (Gemma 3 270M shapes, T 512, 2 BLAS threads, medians of 15 passes alternating): 70 ms per pass with
@@ -342,9 +372,15 @@ def masked_softmax_rows(scores, first_pos, group, key0, scale, softcap, window):
         for j in range(1, seen.shape[0]):
             best = max(best, seen[j])
         best *= row_scale
+        sink = sinks[r % group]
+        if sink > best:
+            best = sink
         for j in range(seen.shape[0]):
             seen[j] = _exp_nonpositive(seen[j] * row_scale - best)
-        inv = _divide(np.float32(1.0), _sum_by_eights(seen))
+        total = _sum_by_eights(seen)
+        if sink > -np.inf:
+            total += _exp_nonpositive(sink - best)
+        inv = _divide(np.float32(1.0), total)
         for j in range(seen.shape[0]):
             seen[j] *= inv
 

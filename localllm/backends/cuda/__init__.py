@@ -73,6 +73,7 @@ class CUDABackend(Backend):
         self._k = kernels
         self._kernels_for = kernels_for
         self._vectors: dict[int, tuple[np.ndarray, object]] = {}  # id(host array) -> (array, device copy)
+        self._no_sinks: dict[int, np.ndarray] = {}  # Hq -> float32[Hq] of -inf: attention without sinks
         self._inv_freq: dict[tuple, object] = {}
         self._positions = (np.empty(0, np.int32), None)  # last uploaded positions (host copy, device array)
         self._zero_table = cuda.to_device(np.zeros(1, dtype=np.int32))
@@ -262,8 +263,17 @@ class CUDABackend(Backend):
             self._scores = self.cuda.device_array(rows * n_keys, dtype=np.float32)
         return self._scores[: rows * n_keys].reshape(rows, n_keys)
 
-    def attention(self, q, cache_k, cache_v, start, scale, window, out, softcap=0.0) -> None:
+    def _sinks(self, sinks, n_head: int):
+        """The heads' attention sinks on the device: the given float32[Hq], or -inf each (made once)."""
+        if sinks is None:
+            sinks = self._no_sinks.get(n_head)
+            if sinks is None:
+                sinks = self._no_sinks[n_head] = np.full(n_head, -np.inf, dtype=np.float32)
+        return self._device(sinks)
+
+    def attention(self, q, cache_k, cache_v, start, scale, window, out, softcap=0.0, sinks=None) -> None:
         n_tokens, n_head, head_dim = q.shape
+        sinks = self._sinks(sinks, n_head)
         if head_dim > MAX_HEAD_DIM:
             raise LocalLLMError(f"head dimension {head_dim} exceeds the CUDA kernels' {MAX_HEAD_DIM}")
         n_keys = start + n_tokens
@@ -274,8 +284,8 @@ class CUDABackend(Backend):
             rows = min(chunk, n_tokens - t0)
             scores = self._scores_buffer(rows * n_head, n_keys)
             self._k.attention[rows * n_head, self.launch.threads](
-                q, keys, values, self._zero_table, int(start), t0, np.float32(scale), np.float32(softcap), int(window), out,
-                scores,
+                q, keys, values, self._zero_table, int(start), t0, np.float32(scale), np.float32(softcap), sinks, int(window),
+                out, scores,
             )
 
     def kv_store_paged(self, cache_k, cache_v, k, v, slots) -> None:
@@ -285,19 +295,23 @@ class CUDABackend(Backend):
         self._k.kv_store[grid](cache_k.view(np.uint16).reshape(*flat), k, slots)
         self._k.kv_store[grid](cache_v.view(np.uint16).reshape(*flat), v, slots)
 
-    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out, softcap=0.0) -> None:
+    def attention_paged(self, q, cache_k, cache_v, layout, scale, window, out, softcap=0.0, sinks=None) -> None:
         n_tokens, n_head, _ = q.shape
+        sinks = self._sinks(sinks, n_head)
         positions = np.asarray(layout.positions[:n_tokens])
         scores = self._scores_buffer(n_tokens * n_head, int(positions.max()) + 1)
         self._k.attention_paged[n_tokens * n_head, self.launch.threads](
             q, cache_k.view(np.uint16), cache_v.view(np.uint16), self._ints(layout.tables),
             self._ints(np.asarray(layout.row_seq)[:n_tokens]), self._ints(positions),
-            np.float32(scale), np.float32(softcap), int(window), out, scores,
+            np.float32(scale), np.float32(softcap), sinks, int(window), out, scores,
         )
 
     def gated_act(self, gate, up, out, kind) -> None:
-        if kind not in ("silu", "gelu_tanh"):
+        if kind not in ("silu", "gelu_tanh", "swiglu_oai"):
             raise LocalLLMError(f"unknown activation {kind!r}")
+        if kind == "swiglu_oai":
+            self._k.swiglu_oai[self._grid(gate.size)](gate, up, out, np.float32(1.702), np.float32(7.0))
+            return
         self._k.gated_act[self._grid(gate.size)](gate, up, out, kind == "gelu_tanh")
 
     def add(self, a, b, out) -> None:

@@ -151,9 +151,10 @@ def kv_store_range(cache, src, start):
 
 
 @cuda.jit(device=True)
-def _attend(q, t, h, keys, values, table, kvh, pos, scale, softcap, window, out, scores, job):
+def _attend(q, t, h, keys, values, table, kvh, pos, scale, softcap, sinks, window, out, scores, job):
     """out[t, h] = softmax(cap(q[t, h] . K[j] * scale)) V over keys j in [first, pos], j < pos - window
-    excluded when window > 0; cap(s) = softcap * tanh(s / softcap) when softcap > 0, else s. keys/values uint16[NB, BS, Hkv, D]: key j lives in block table[j // BS] at
+    excluded when window > 0; cap(s) = softcap * tanh(s / softcap) when softcap > 0, else s; sinks[h]: the
+    head's attention sink (a logit in the softmax's sum with no value), -inf for none. keys/values uint16[NB, BS, Hkv, D]: key j lives in block table[j // BS] at
     j % BS. scores float32[*, n_keys] row `job` is scratch. One block per (t, h)."""
     tid = cuda.threadIdx.x
     n = cuda.blockDim.x
@@ -180,12 +181,18 @@ def _attend(q, t, h, keys, values, table, kvh, pos, scale, softcap, window, out,
         scores[job, j] = s
         best = max(best, s)
     best = _block_max(red, best)
+    sink = sinks[h]
+    if sink > best:
+        best = sink
     part = np.float32(0.0)
     for j in range(first + tid, pos + 1, n):
         e = np.float32(math.exp(scores[job, j] - best))
         scores[job, j] = e
         part += e
-    inv = np.float32(1.0) / _block_sum(red, part)  # its barriers also publish the scores
+    total = _block_sum(red, part)  # its barriers also publish the scores
+    if sink > -math.inf:
+        total += np.float32(math.exp(sink - best))
+    inv = np.float32(1.0) / total
     for i in range(tid, d, n):
         acc = np.float32(0.0)
         for j in range(first, pos + 1):
@@ -194,7 +201,7 @@ def _attend(q, t, h, keys, values, table, kvh, pos, scale, softcap, window, out,
 
 
 @cuda.jit
-def attention(q, keys, values, table, start, t0, scale, softcap, window, out, scores):
+def attention(q, keys, values, table, start, t0, scale, softcap, sinks, window, out, scores):
     """Contiguous cache: q float32[T, Hq, D] rows t0 .. t0 + Tc (Tc = scores.shape[0] / Hq) at positions
     start + t; keys/values uint16[1, n_ctx, Hkv, D]; table int32[1] = {0}; scores float32[Tc*Hq, n_keys]."""
     n_head = q.shape[1]
@@ -202,11 +209,11 @@ def attention(q, keys, values, table, start, t0, scale, softcap, window, out, sc
     t = t0 + job // n_head
     h = job % n_head
     kvh = h // (n_head // keys.shape[2])
-    _attend(q, t, h, keys, values, table, kvh, start + t, scale, softcap, window, out, scores, job)
+    _attend(q, t, h, keys, values, table, kvh, start + t, scale, softcap, sinks, window, out, scores, job)
 
 
 @cuda.jit
-def attention_paged(q, keys, values, tables, row_seq, positions, scale, softcap, window, out, scores):
+def attention_paged(q, keys, values, tables, row_seq, positions, scale, softcap, sinks, window, out, scores):
     """Paged cache: row t of q float32[T, Hq, D] belongs to sequence row_seq[t] at positions[t]; keys/values
     uint16[NB, BS, Hkv, D]; tables int32[S, max_blocks]; scores float32[T*Hq, n_keys]."""
     n_head = q.shape[1]
@@ -214,7 +221,7 @@ def attention_paged(q, keys, values, tables, row_seq, positions, scale, softcap,
     t = job // n_head
     h = job % n_head
     kvh = h // (n_head // keys.shape[2])
-    _attend(q, t, h, keys, values, tables[row_seq[t]], kvh, positions[t], scale, softcap, window, out, scores, job)
+    _attend(q, t, h, keys, values, tables[row_seq[t]], kvh, positions[t], scale, softcap, sinks, window, out, scores, job)
 
 
 @cuda.jit
@@ -232,6 +239,19 @@ def gated_act(gate, up, out, gelu):
         else:
             a = g / (np.float32(1.0) + np.float32(math.exp(-g)))
         out[r, c] = a * up[r, c]
+
+
+@cuda.jit
+def swiglu_oai(gate, up, out, alpha, limit):
+    """out float32[T, F] = min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)
+    (gpt-oss's clamped SwiGLU, ggml_swiglu_oai)."""
+    n_cols = gate.shape[1]
+    for job in range(cuda.grid(1), gate.shape[0] * n_cols, cuda.gridsize(1)):
+        r = job // n_cols
+        c = job % n_cols
+        g = min(gate[r, c], limit)
+        u = min(max(up[r, c], -limit), limit)
+        out[r, c] = g / (np.float32(1.0) + np.float32(math.exp(-alpha * g))) * (u + np.float32(1.0))
 
 
 @cuda.jit

@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen2moe": ("qwen2moe", "Qwen2Moe"),
     "qwen3moe": ("qwen3moe", "Qwen3Moe"),
     "olmoe": ("olmoe", "Olmoe"),
+    "gpt-oss": ("gpt_oss", "GptOss"),
 }
 
 

@@ -10,6 +10,8 @@ import pytest
 from localllm.backends.cpu import attention_decode, kernels
 from localllm.backends.cpu.attention_blas import BlasAttention
 
+NO_SINKS = np.full(64, -np.inf, dtype=np.float32)  # attention without sinks (the kernels read one per head)
+
 
 def reference(q, cache_k, cache_v, start, scale, window):
     """float64 softmax(scale q.k) v over the keys each query position sees."""
@@ -66,10 +68,10 @@ def test_blas_attention_matches_decode_kernel(case):
     n_tokens, n_head, n_kv, head_dim, start, window = case
     q, cache_k, cache_v = random_case(sum(case), n_tokens, n_head, n_kv, head_dim, start)
     out = np.zeros(q.shape, np.float32)
-    BlasAttention()(q, cache_k, cache_v, start, 0.3, window, out)
+    BlasAttention()(q, cache_k, cache_v, start, 0.3, window, out, 0.0, NO_SINKS[: q.shape[1]])
     expected = np.zeros(q.shape, np.float32)
     scores = np.empty((n_tokens * n_head, start + n_tokens), np.float32)
-    attention_decode.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(0.3), np.float32(0.0), window, expected, scores, 4)
+    attention_decode.attention(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(0.3), np.float32(0.0), NO_SINKS, window, expected, scores, 4)
     np.testing.assert_allclose(out, expected, rtol=0, atol=1e-5 * np.abs(expected).max())
 
 
@@ -136,6 +138,6 @@ def test_f16_head_to_f32_is_exact():
 
 def test_masked_softmax_rows_refuses_a_block_missing_its_own_positions():
     with pytest.raises(ValueError):  # rows at positions 7..14 against keys 0..7
-        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 7, 1, 0, np.float32(1.0), np.float32(0.0), 0)
+        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 7, 1, 0, np.float32(1.0), np.float32(0.0), 0, NO_SINKS)
     with pytest.raises(ValueError):  # first key after the first row's position
-        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 3, 8, 4, np.float32(1.0), np.float32(0.0), 0)
+        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 3, 8, 4, np.float32(1.0), np.float32(0.0), 0, NO_SINKS)

@@ -85,9 +85,9 @@ def test_attention_serial_twin_matches_the_parallel_kernel(rng, window, heads_pe
     cache_v = rng.standard_normal((n_ctx, n_kv, head_dim)).astype(np.float16).view(np.uint16)
     scores = np.empty((3 * 8, start + 3), dtype=np.float32)
     want = np.empty_like(q)
-    attention_decode.attention(q, cache_k, cache_v, start, np.float32(0.125), np.float32(0.0), window, want, scores, heads_per_job)
+    attention_decode.attention(q, cache_k, cache_v, start, np.float32(0.125), np.float32(0.0), np.full(q.shape[1], -np.inf, np.float32), window, want, scores, heads_per_job)
     got = np.empty_like(q)
-    attention_decode.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), np.float32(0.0), window, got, scores, heads_per_job)
+    attention_decode.attention_serial(q, cache_k, cache_v, start, np.float32(0.125), np.float32(0.0), np.full(q.shape[1], -np.inf, np.float32), window, got, scores, heads_per_job)
     np.testing.assert_array_equal(bits(got), bits(want))
 
 
