@@ -40,7 +40,8 @@ code LLVM had turned the division into vrcpps plus a Newton step, whose bits dif
 CPUs, so the entries recorded on AMD failed on an Intel machine. (The softmax of prefill attention now sums
 in a fixed order for the same reason; its entries came out unchanged.)
 
-MXFP4's entries (a type added on 2026-11-27) were recorded from the code that added it, with the two commands
+MXFP4's entries (a type added on 2026-11-27, its products then moved onto IQ4_NL's vector kernels the same
+day) were recorded from the code that added them, with the two commands
 above from /work/main (OPENBLAS_CORETYPE=Haswell for the avx512_vnni run too: prefill attention's BLAS products
 depend on OpenBLAS's kernel); every other entry came out unchanged.
 

@@ -5,6 +5,11 @@ for speed tests.
     python scripts/make_bench_model.py bench-llama3-8b-q4_k_m.gguf [--layers 32]
     python scripts/make_bench_model.py bench-qwen3-30b-a3b-16l.gguf --shape qwen3-30b-a3b --layers 16
 
+gpt-oss-20b (`--shape gpt-oss-20b`, architecture gpt-oss): 24 layers (the speed issue uses the first 8),
+2880 embedding, 64 query heads over 8 KV heads of 64, attention sinks and biases, 32 experts of 2880 of
+which 4 per token, every other layer windowed to 128 positions, a 201,088-token vocabulary; in
+llama-quantize's MXFP4_MOE mix as OpenAI's files are: experts MXFP4, every other matrix Q8_0.
+
 Qwen3-30B-A3B (`--shape qwen3-30b-a3b`, architecture qwen3moe): 48 layers (the speed issue uses the first
 16: ~6 GB), 2048 embedding, 32 query heads over 4 KV heads of 128 with per-head Q/K norms, 128 experts of
 768 of which 8 per token, a 151,936-token vocabulary, RoPE base 1,000,000. The router (`ffn_gate_inp`)
@@ -38,7 +43,9 @@ N_EMBD, N_FF, N_HEAD, N_KV, HEAD_DIM = 4096, 14336, 32, 8, 128
 N_VOCAB, N_SPECIAL = 128_256, 256
 # Qwen3-30B-A3B
 MOE_EMBD, MOE_HEAD, MOE_KV, MOE_EXPERTS, MOE_USED, MOE_FF, MOE_VOCAB = 2048, 32, 4, 128, 8, 768, 151_936
-F16_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,)}  # byte offsets of the float16 scale fields per block
+F16_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,)}  # byte offsets of the float16 scales per block
+# gpt-oss-20b
+OSS_EMBD, OSS_HEAD, OSS_KV, OSS_HEAD_DIM, OSS_EXPERTS, OSS_USED, OSS_VOCAB = 2880, 64, 8, 64, 32, 4, 201_088
 
 
 def more_bits(layer: int, n_layer: int) -> bool:
@@ -51,7 +58,10 @@ def random_matrix(rng, n_out: int, n_in: int, qtype: str, zero_mean: bool = Fals
     Q4_K blocks without an offset and with scale d, zero_mean_q4_k; Q6_K's are near zero-mean already)."""
     info = GGML_TYPES_BY_NAME[qtype]
     blocks = rng.integers(0, 256, (n_out * n_in // info.block_size, info.type_size), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(2e-4 if qtype == "Q6_K" else 1e-3).tobytes(), dtype=np.uint8)
+    if qtype == "MXFP4":  # an E8M0 exponent byte: 2^-8 times levels up to 12, values around 0.02
+        blocks[:, 0] = 120
+        return blocks.reshape(n_out, -1)
+    scale = np.frombuffer(np.float16({"Q6_K": 2e-4, "Q8_0": 3e-4}.get(qtype, 1e-3)).tobytes(), dtype=np.uint8)
     for offset in F16_FIELDS[qtype]:
         blocks[:, offset : offset + 2] = scale
     if zero_mean and qtype == "Q4_K":
@@ -155,17 +165,60 @@ def write_qwen3_moe(path: str, n_layer: int, rng) -> str:
     return w.write()
 
 
+def write_gpt_oss(path: str, n_layer: int, rng) -> str:
+    """The gpt-oss-20b shape's first n_layer layers (module docstring)."""
+    e, d, n, f = OSS_EMBD, OSS_HEAD_DIM, OSS_EXPERTS, OSS_EMBD
+    w = GGUFWriter(path)
+    w.add("general.architecture", "gpt-oss")
+    w.add("general.name", "bench-gpt-oss-20b-shaped")
+    w.add("general.file_type", 38, ValueType.UINT32)  # MXFP4_MOE
+    for key, value in {
+        "context_length": 131072, "embedding_length": e, "block_count": n_layer, "feed_forward_length": f,
+        "attention.head_count": OSS_HEAD, "attention.head_count_kv": OSS_KV, "attention.key_length": d,
+        "attention.value_length": d, "rope.dimension_count": d, "expert_count": n, "expert_used_count": OSS_USED,
+        "expert_feed_forward_length": f, "attention.sliding_window": 128, "rope.scaling.original_context_length": 4096,
+    }.items():
+        w.add(f"gpt-oss.{key}", value, ValueType.UINT32)
+    w.add("gpt-oss.rope.freq_base", 150000.0)
+    w.add("gpt-oss.rope.scaling.type", "yarn")
+    w.add("gpt-oss.rope.scaling.factor", 32.0)
+    w.add("gpt-oss.attention.layer_norm_rms_epsilon", 1e-5)
+    add_tokenizer(w, OSS_VOCAB)
+
+    def vector(name, size, std=0.0, mean=1.0):
+        w.add_tensor(name, (mean + rng.normal(0, std, size)).astype(np.float32) if std else np.full(size, mean, np.float32))
+
+    w.add_tensor("token_embd.weight", random_matrix(rng, OSS_VOCAB, e, "Q8_0"), "Q8_0", shape=(e, OSS_VOCAB))
+    vector("output_norm.weight", e)
+    w.add_tensor("output.weight", random_matrix(rng, OSS_VOCAB, e, "Q8_0"), "Q8_0", shape=(e, OSS_VOCAB))
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        for name, n_in, n_out in (("attn_q", e, OSS_HEAD * d), ("attn_k", e, OSS_KV * d), ("attn_v", e, OSS_KV * d),
+                                  ("attn_output", OSS_HEAD * d, e)):
+            w.add_tensor(f"{p}{name}.weight", random_matrix(rng, n_out, n_in, "Q8_0"), "Q8_0", shape=(n_in, n_out))
+            vector(f"{p}{name}.bias", n_out, 0.02, 0.0)
+        for name, n_in, n_out in (("ffn_gate_exps", e, f), ("ffn_up_exps", e, f), ("ffn_down_exps", f, e)):
+            w.add_tensor(f"{p}{name}.weight", random_matrix(rng, n_out * n, n_in, "MXFP4"), "MXFP4", shape=(n_in, n_out, n))
+            w.add_tensor(f"{p}{name}.bias", rng.normal(0, 0.02, (n, n_out)).astype(np.float32))
+        w.add_tensor(p + "ffn_gate_inp.weight", router(rng, n, e))
+        vector(p + "ffn_gate_inp.bias", n, 0.02, 0.0)
+        vector(p + "attn_sinks.weight", OSS_HEAD, 1.0, 0.0)
+        vector(p + "attn_norm.weight", e)
+        vector(p + "post_attention_norm.weight", e)
+    return w.write()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path")
-    parser.add_argument("--shape", choices=("llama3-8b", "qwen3-30b-a3b"), default="llama3-8b")
+    parser.add_argument("--shape", choices=("llama3-8b", "qwen3-30b-a3b", "gpt-oss-20b"), default="llama3-8b")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     n_layer = args.layers
-    if args.shape == "qwen3-30b-a3b":
-        path = write_qwen3_moe(args.path, n_layer, rng)
+    if args.shape in ("qwen3-30b-a3b", "gpt-oss-20b"):
+        path = (write_qwen3_moe if args.shape == "qwen3-30b-a3b" else write_gpt_oss)(args.path, n_layer, rng)
         print(f"wrote {path} ({os.path.getsize(path) / 1e9:.2f} GB)")
         return
 

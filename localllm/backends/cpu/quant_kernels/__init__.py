@@ -262,9 +262,10 @@ def _iq4_xs() -> KernelRecord:
 
 
 def _mxfp4() -> KernelRecord:
-    from . import mxfp4
+    from . import mxfp4 as k
 
-    return KernelRecord(quant.get("MXFP4"), mxfp4.vec_dot, mxfp4.dequantize_row)
+    pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
+    return KernelRecord(quant.get("MXFP4"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs)
 
 
 _TABLE: dict[str, Callable[[], KernelRecord]] = {

@@ -162,11 +162,17 @@ def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
     return pair_terms
 
 
-def signed_block_terms_kernel(block_bytes: int, quants):
+def f16_scale(v: VectorCode, w, base, lanes: int = 8):
+    """A block's scale d, the float16 at its byte 0, on `lanes` float lanes (Q8_0, IQ4_NL)."""
+    return v.load_f16_splat(None, w, base, lanes)
+
+
+def signed_block_terms_kernel(block_bytes: int, quants, scale=f16_scale):
     """block_terms(v, w, aqs, ad, asum, b, prefetch) for a type of signed quants without zero point or
-    minimum (Q8_0, IQ4_NL): weights d * q, d the float16 at byte 0 of each block, q = quants(v, w, base
-    of the block) (<32 x i8>, |q| <= 127). The 32 products in eight int32 lanes (dot_quads_signed: lane j
-    the exact sum over quad j) and the scale d * ad as a vector; asum unused."""
+    minimum (Q8_0, IQ4_NL, MXFP4): weights d * q, d = scale(v, w, base of the block, lanes) (the float16
+    at byte 0, or MXFP4's E8M0), q = quants(v, w, base of the block) (<32 x i8>, |q| <= 127). The 32
+    products in eight int32 lanes (dot_quads_signed: lane j the exact sum over quad j) and the scale
+    d * ad as a vector; asum unused."""
 
     def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
         builder = v.builder
@@ -176,13 +182,13 @@ def signed_block_terms_kernel(block_bytes: int, quants):
             v.prefetch(None, prefetch, base)
         acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
         ints = v.dot_quads_signed(weights, acts)
-        scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
-        return ints, scale, None
+        block_scale = builder.fmul(scale(v, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
+        return ints, block_scale, None
 
     return block_terms
 
 
-def signed_pair_terms_kernel(block_bytes: int, quants):
+def signed_pair_terms_kernel(block_bytes: int, quants, scale=f16_scale):
     """pair_terms for a signed_block_terms_kernel type (pairs.py's QUAD_ZERO = 128): against an activation
     pair (pairs.pair_activations), both rows in 512-bit vectors for half None, else row half (ps unused).
     Both rows: in the spread layout the weights as unsigned bytes q + 128 from ps's per-lane starts; in
@@ -203,11 +209,11 @@ def signed_pair_terms_kernel(block_bytes: int, quants):
                 ints = dot_quads_offset_wide(v, both, acts, pair_lanes(v, ps, b, spread))
             else:
                 ints = dot_quads_signed_wide(v, both, acts)
-            return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
+            return ints, builder.fmul(scale(v, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
         acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
         ints = v.dot_quads_signed(weights, acts)
         act_scale = pair_lane(v, pd, b, half, spread)
-        return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
+        return ints, builder.fmul(scale(v, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 
     return pair_terms
 

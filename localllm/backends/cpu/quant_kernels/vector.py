@@ -347,6 +347,18 @@ class VectorCode(WideOps, FloatSums):
         halves = self.builder.bitcast(bits, ir.VectorType(ir.HalfType(), lanes))
         return self.builder.fpext(halves, ir.VectorType(ir.FloatType(), lanes))
 
+    def load_e8m0_half_splat(self, array_type, array, byte_index, lanes: int = 8):
+        """The E8M0 exponent e at array[byte_index] (a uint8 array) as float32 2^(e - 128) (ggml's
+        E8M0_TO_FP32_HALF: e 0 and 1 give the subnormals 2^-128 and 2^-127), broadcast to `lanes` lanes:
+        the bits (e - 1) << 23, or 0x00200000 << e below e = 2. Exact, as the scalar quant.mxfp4.scale_of."""
+        builder, i32 = self.builder, ir.IntType(32)
+        data = self._data(array_type, array)
+        e = builder.zext(builder.load(builder.gep(data, [byte_index])), i32)
+        normal = builder.shl(builder.sub(e, i32(1)), i32(23))
+        subnormal = builder.shl(i32(0x00200000), e)
+        bits = builder.select(builder.icmp_unsigned("<", e, i32(2)), subnormal, normal)
+        return self.splat(builder.bitcast(bits, ir.FloatType()), lanes)
+
     def prefetch(self, array_type, array, byte_index, distance=None):
         """Hint the cache to fetch the line `distance` (default PREFETCH_BYTES) bytes past
         array[byte_index] into the level PREFETCH_LOCALITY says (never faults)."""
