@@ -24,6 +24,9 @@ class Weight:
     qtype: str
     shape: tuple[int, ...]
     data: Any
+    # Only rows of it are ever read (an embedding table that is not also the output projection): a
+    # backend may leave it where it lies (the CPU: in the file's mapping, not copied at load).
+    gathered: bool = False
 
     @property
     def n_out(self) -> int:

@@ -164,6 +164,11 @@ class Decoder:
             return w["rope_factors_long.weight"]
         return w.get("rope_factors_short.weight")
 
+    def ties_output(self) -> bool:
+        """Whether the output projection is token_embd (the file has no output.weight, or the family
+        always ties them); else token_embd is only gathered from."""
+        return "output.weight" not in self.file_tensors
+
     def kv_layout(self) -> Optional[list[LayerKV]]:
         """Each layer's KV cache shape and source, where layers differ (None: all [n_head_kv, head_dim])."""
         return None
@@ -250,7 +255,7 @@ class Decoder:
     def tensor_specs(self) -> list[TensorSpec]:
         hp = self.hp
         specs = [
-            TensorSpec("token_embd.weight", (hp.n_embd, hp.n_vocab)),
+            TensorSpec("token_embd.weight", (hp.n_embd, hp.n_vocab), gathered=not self.ties_output()),
             TensorSpec("output_norm.weight", (hp.n_embd,), vector=True),
             TensorSpec("output.weight", (hp.n_embd, hp.n_vocab), optional=True),  # absent: tied to token_embd
             TensorSpec("output.bias", (hp.n_vocab,), optional=True, vector=True),  # Phi-3 files may carry one

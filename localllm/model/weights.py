@@ -25,6 +25,7 @@ class TensorSpec:
     fused: Optional[str] = None
     fused_shape: tuple[int, ...] = ()
     first_row: int = 0
+    gathered: bool = False  # only rows are read (Weight.gathered): an embedding table, not the output too
 
     @property
     def file_name(self) -> str:
@@ -82,7 +83,8 @@ def bind_weights(reader, specs: list[TensorSpec], backend: Backend) -> BoundWeig
                 f"{reader.path}: tensor '{name}' has type {qtype}, which the {backend.name} backend does not support"
             )
         data = reader.tensor_bytes(name)
-        entries[spec.name] = backend.upload(Weight(spec.name, qtype, tuple(spec.shape), data[rows] if spec.fused else data))
+        entries[spec.name] = backend.upload(Weight(spec.name, qtype, tuple(spec.shape), data[rows] if spec.fused else data,
+                                                   spec.gathered))
     return BoundWeights(entries)
 
 

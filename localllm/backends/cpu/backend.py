@@ -156,7 +156,7 @@ class CPUBackend(Backend):
             qt = quant.get(weight.qtype)
             self.thread_policy.matmuls_use_blas |= blas_min_rows(qt) < INTEGER_ALWAYS
             relaid_later = self.repack and PackedWeights.suits(qt, weight.data)  # its copy is the re-laid one
-            if self.arena is not None and not relaid_later:
+            if self.arena is not None and not relaid_later and not weight.gathered:  # a table read by rows stays mapped
                 return Weight(weight.name, weight.qtype, weight.shape, copy_to_arena(self.arena, weight.data))
         return weight
 

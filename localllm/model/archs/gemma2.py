@@ -70,8 +70,10 @@ class Gemma2(Decoder):
         if self.final_softcap:
             self.ops.softcap(logits, self.final_softcap, logits)
 
+    def ties_output(self) -> bool:
+        return True  # token_embd is the output projection even when a file carries output.weight
+
     def tensor_specs(self) -> list[TensorSpec]:
-        # token_embd is the output projection even when a file carries output.weight
         return [s for s in super().tensor_specs() if s.name != "output.weight"]
 
     def block_specs(self, il: int) -> list[TensorSpec]:

@@ -159,7 +159,7 @@ class Gemma4(MixtureOfExperts, Decoder):
     def tensor_specs(self) -> list[TensorSpec]:
         hp, e = self.hp, self.hp.n_embd
         specs = [
-            TensorSpec("token_embd.weight", (e, hp.n_vocab)),
+            TensorSpec("token_embd.weight", (e, hp.n_vocab), gathered=not self.ties_output()),
             TensorSpec("output_norm.weight", (e,), vector=True),
             TensorSpec("output.weight", (e, hp.n_vocab), optional=True),
             TensorSpec("rope_freqs.weight", (hp.head_dim // 2,), optional=True, vector=True),
@@ -167,7 +167,7 @@ class Gemma4(MixtureOfExperts, Decoder):
         if self.n_ple:
             width = self.n_ple * hp.n_layer
             specs += [
-                TensorSpec("per_layer_token_embd.weight", (width, hp.n_vocab)),
+                TensorSpec("per_layer_token_embd.weight", (width, hp.n_vocab), gathered=True),
                 TensorSpec("per_layer_model_proj.weight", (e, width)),
                 TensorSpec("per_layer_proj_norm.weight", (self.n_ple,), vector=True),
             ]

@@ -117,3 +117,16 @@ def test_copied_and_mapped_matrices_give_the_same_logits(tmp_path, qtype):
     relaid_later = models["copied"].backend.repack and PackedWeights.suits(quant.get(qtype), mapped)
     assert _in_file_mapping(copied, models["copied"]) == relaid_later
     assert not copied.flags.writeable  # as the mapping: the kernels compiled for one serve the other
+
+
+def test_an_embedding_table_only_gathered_from_stays_mapped(tmp_path):
+    """With its own output.weight, token_embd is only gathered from (a row per token): it stays in the
+    file's mapping when the matrices are copied; tied to the output (no output.weight), it is copied."""
+    runtime = Runtime.resolve(environ={"LOCALLLM_WEIGHTS": "copied", "LOCALLLM_COMPILE": "foreground"})
+    untied = localllm.load(write_tiny_model(tmp_path / "untied.gguf", "llama", "Q8_0", seed=5), n_ctx=64, threads=2,
+                           runtime=runtime)  # the tiny llama has output.weight
+    tied = localllm.load(write_tiny_model(tmp_path / "tied.gguf", "qwen2", "Q8_0", seed=5), n_ctx=64, threads=2,
+                         runtime=runtime)
+    assert _in_file_mapping(untied.decoder.w["token_embd.weight"].data, untied)
+    assert not _in_file_mapping(untied.decoder.w["output.weight"].data, untied)
+    assert not _in_file_mapping(tied.decoder.w["token_embd.weight"].data, tied)
