@@ -118,6 +118,7 @@ class Decoder:
     ROPE_NEOX = False  # NeoX pairing (x[i], x[i+n_rot/2]) instead of adjacent pairs
     ACTIVATION = "silu"  # gated feed-forward activation
     QKV_BIAS = False  # attn_q/k/v carry biases
+    FFN_NORM = "ffn_norm"  # the feed-forward's pre-norm tensor (gpt-oss names it post_attention_norm)
     QK_NORM = False  # RMS norm of Q and K before RoPE: True per head (weights head_dim long), "rows" over
     # each whole projection (weights n_head * head_dim and n_head_kv * head_dim long)
 
@@ -208,7 +209,7 @@ class Decoder:
             *self.qkv_specs(il),
             TensorSpec(p + "attn_output.weight", (q_out, hp.n_embd)),
             TensorSpec(p + "attn_output.bias", (hp.n_embd,), optional=True, vector=True),  # llama.cpp: optional for all
-            TensorSpec(p + "ffn_norm.weight", (hp.n_embd,), vector=True),
+            TensorSpec(p + self.FFN_NORM + ".weight", (hp.n_embd,), vector=True),
             *self.ffn_specs(il),
         ]
         if self.QK_NORM:
@@ -276,7 +277,7 @@ class Decoder:
         ops.rms_norm(b.x, w[p + "attn_norm.weight"], self.hp.eps, b.h)
         self.attention(il, b, start, cache)
         ops.add(b.x, b.o, b.x)
-        ops.rms_norm(b.x, w[p + "ffn_norm.weight"], self.hp.eps, b.h)
+        ops.rms_norm(b.x, w[p + self.FFN_NORM + ".weight"], self.hp.eps, b.h)
         self.feed_forward(il, b)
         ops.add(b.x, b.o, b.x)
 

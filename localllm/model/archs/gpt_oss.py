@@ -16,7 +16,7 @@ As llama.cpp's src/models/openai-moe.cpp computes it:
 
 from __future__ import annotations
 
-from ..decoder import Buffers, Decoder, KVCache, sliding_window_layers
+from ..decoder import Decoder, sliding_window_layers
 from ..moe import MixtureOfExperts
 from ..weights import TensorSpec
 
@@ -24,6 +24,7 @@ from ..weights import TensorSpec
 class GptOss(MixtureOfExperts, Decoder):
     ROPE_NEOX = True
     ACTIVATION = "swiglu_oai"
+    FFN_NORM = "post_attention_norm"
     MOE_GATING = "softmax_weight"
 
     def read_extra(self, reader) -> None:
@@ -41,20 +42,8 @@ class GptOss(MixtureOfExperts, Decoder):
 
     def block_specs(self, il: int) -> list[TensorSpec]:
         hp, p = self.hp, f"blk.{il}."
-        specs = [s for s in super().block_specs(il)
-                 if s.name not in (p + "ffn_norm.weight", p + "attn_output.bias")]
+        specs = [s for s in super().block_specs(il) if s.name != p + "attn_output.bias"]
         return specs + [
-            TensorSpec(p + "post_attention_norm.weight", (hp.n_embd,), vector=True),
-            TensorSpec(p + "attn_output.bias", (hp.n_embd,), vector=True),
+            TensorSpec(p + "attn_output.bias", (hp.n_embd,), vector=True),  # required here
             TensorSpec(p + "attn_sinks.weight", (hp.n_head,), vector=True),
         ]
-
-    def block(self, il: int, b: Buffers, start: int, cache: KVCache) -> None:
-        """x += attn(norm(x)); x += experts(post_attention_norm(x))."""
-        ops, w, p = self.ops, self.w, f"blk.{il}."
-        ops.rms_norm(b.x, w[p + "attn_norm.weight"], self.hp.eps, b.h)
-        self.attention(il, b, start, cache)
-        ops.add(b.x, b.o, b.x)
-        ops.rms_norm(b.x, w[p + "post_attention_norm.weight"], self.hp.eps, b.h)
-        self.feed_forward(il, b)
-        ops.add(b.x, b.o, b.x)
