@@ -48,6 +48,8 @@ class BlasAttention:
         n_tokens, n_head, head_dim = q.shape
         n_kv = cache_k.shape[1]
         window = int(window)
+        if sinks is None:
+            sinks = np.full(n_head, -np.inf, dtype=np.float32)
         # the first key any query sees: only keys from there on are converted to float32
         lo = max(0, start - window + 1) if window > 0 else 0
         n_keys = start + n_tokens

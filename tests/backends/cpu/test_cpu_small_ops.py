@@ -112,7 +112,7 @@ def test_softmax_skips_only_exps_that_round_to_zero():
         want_row = row.copy()
         want = _softmax_reference(want_row, best)
         got_row = row.copy()
-        got = attention_decode._softmax_in_place(got_row, 0, row.shape[0] - 1, best)
+        got = attention_decode._softmax_in_place(got_row, 0, row.shape[0] - 1, best, np.float32(-np.inf))
         np.testing.assert_array_equal(got_row.view(np.uint32), want_row.view(np.uint32))
         assert np.float32(got).view(np.uint32) == np.float32(want).view(np.uint32)
     assert np.isnan(got_row[-1]) and got_row[-2] == 0.0 and got_row[-3] == 0.0
@@ -130,18 +130,21 @@ def test_heads_per_job_groups_unless_that_idles_a_thread(monkeypatch):
 @pytest.mark.parametrize("group, head_dim", [(1, 64), (2, 64), (4, 128), (5, 64), (8, 32), (4, 72), (7, 48)])
 def test_attention_grouped_heads_give_the_one_head_bits(rng, group, head_dim):
     """Four query heads that share a key head attend together (_attend4) with the bits each gets alone:
-    heads_per_job changes only how the work is split. Checked against the float64 formula too."""
+    heads_per_job changes only how the work is split. With attention sinks (gpt-oss), each head its own.
+    Checked against the float64 formula too."""
     n_kv, n_tokens, start, window = 2, 3, 40, 0
     n_head = group * n_kv
     q = rng.standard_normal((n_tokens, n_head, head_dim)).astype(np.float32)
     k16 = rng.standard_normal((64, n_kv, head_dim)).astype(np.float16)
     v16 = rng.standard_normal((64, n_kv, head_dim)).astype(np.float16)
     scores = np.empty((n_tokens * n_head, start + n_tokens), dtype=np.float32)
+    sinks = rng.normal(1.0, 1.0, n_head).astype(np.float32)
     results = {}
     for heads_per_job in (1, 4):
         for kernel in (attention_decode.attention, attention_decode.attention_serial):
             out = np.empty_like(q)
-            kernel(q, k16.view(np.uint16), v16.view(np.uint16), start, np.float32(0.125), np.float32(0.0), window, out, scores, heads_per_job)
+            kernel(q, k16.view(np.uint16), v16.view(np.uint16), start, np.float32(0.125), np.float32(0.0), sinks, window,
+                   out, scores, heads_per_job)
             results[heads_per_job, kernel] = out
     first = results[1, attention_decode.attention]
     for out in results.values():
@@ -151,8 +154,9 @@ def test_attention_grouped_heads_give_the_one_head_bits(rng, group, head_dim):
         for h in range(n_head):
             keys, values = k[: start + t + 1, h // group], v[: start + t + 1, h // group]
             s = keys @ q[t, h].astype(np.float64) * 0.125
-            p = np.exp(s - s.max())
-            np.testing.assert_allclose(first[t, h], p @ values / p.sum(), rtol=0, atol=1e-4)
+            top = max(s.max(), float(sinks[h]))
+            p = np.exp(s - top)
+            np.testing.assert_allclose(first[t, h], p @ values / (p.sum() + np.exp(sinks[h] - top)), rtol=0, atol=1e-4)
 
 
 @pytest.mark.parametrize(
