@@ -97,8 +97,8 @@ def gelu_tanh(x):
 def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, routes=None) -> np.ndarray:
     """Logits [T, vocab] (float64) for `tokens` from position 0, in a context of n_ctx tokens (LongRoPE's
     factors depend on it). Mixtures of experts: route_record, a list, gets per layer the reference's own
-    choice of experts int[T, k] and each token's margin [T] between the router scores of its last chosen
-    expert and the best one left out; routes: per layer the experts int[T, k] to use instead (weighted by
+    choice of experts int[T, k], each token's margin [T] between the router scores of its last chosen
+    expert and the best one left out, and the scores' standard deviation; routes: per layer the experts int[T, k] to use instead (weighted by
     the reference's own probabilities)."""
     arch = reader.architecture
     md = lambda key, default=None: reader.metadata.get(f"{arch}.{key}", default)  # noqa: E731
@@ -216,7 +216,7 @@ def experts(w, p, h, k, normalise, record=None, forced=None, act=silu, scores=No
         scores = h @ w[p + "ffn_gate_inp.weight"].T  # [T, n_expert]
     if record is not None:
         ranked = np.sort(scores, axis=-1)
-        record.append((np.argsort(-scores, axis=-1)[:, :k], ranked[:, -k] - ranked[:, -k - 1]))
+        record.append((np.argsort(-scores, axis=-1)[:, :k], ranked[:, -k] - ranked[:, -k - 1], float(scores.std())))
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     if p + "ffn_gate_up_exps.weight" in w:  # [n_expert, 2N, K]: each expert's gate rows, then its up rows
@@ -250,7 +250,7 @@ def experts_gpt_oss(w, p, h, k, record=None, forced=None):
     scores = h @ w[p + "ffn_gate_inp.weight"].T + w[p + "ffn_gate_inp.bias"]  # [T, n_expert]
     if record is not None:
         ranked = np.sort(scores, axis=-1)
-        record.append((np.argsort(-scores, axis=-1)[:, :k], ranked[:, -k] - ranked[:, -k - 1]))
+        record.append((np.argsort(-scores, axis=-1)[:, :k], ranked[:, -k] - ranked[:, -k - 1], float(scores.std())))
     gate, up, down = (w[p + f"ffn_{part}_exps.weight"] for part in ("gate", "up", "down"))
     gate_b, up_b, down_b = (w[p + f"ffn_{part}_exps.bias"] for part in ("gate", "up", "down"))  # [n_expert, N]
     out = np.zeros_like(h)
