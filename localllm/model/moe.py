@@ -36,7 +36,6 @@ class MoEParams:
     gating: str  # "softmax" or "sigmoid" of the scores, or "softmax_weight": the top k of the raw scores,
     # weighted by the softmax over those k alone (gpt-oss)
     norm_weights: bool  # the k chosen probabilities divided by their sum
-    weights_scale: float  # the weights then multiplied by this (0 or 1: not)
 
     @classmethod
     def from_reader(cls, reader, n_ff: int, *, gating: str = "softmax", norm_weights: bool = False,
@@ -58,7 +57,7 @@ class MoEParams:
             meta.fail(ff_key, "gives experts no rows")
         n_ff_shared = meta.get_int(key("expert_shared_feed_forward_length"), n_ff, min=1, max=MAX_WIDTH) if shared else 0
         return cls(n_expert=n_expert, n_used=n_used, n_ff=n_ff_expert, n_ff_shared=n_ff_shared, gating=gating,
-                   norm_weights=norm_weights, weights_scale=0.0)
+                   norm_weights=norm_weights)
 
     def specs(self, il: int, n_embd: int, file_tensors=frozenset(), router: bool = True) -> list[TensorSpec]:
         """Layer il's expert tensors: the router (unless the architecture scores experts its own way),
@@ -120,8 +119,6 @@ def expert_weights(scores: np.ndarray, moe: MoEParams) -> tuple[np.ndarray, np.n
         weights = _softmax(weights)
     if moe.norm_weights:
         weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), np.float32(WEIGHT_SUM_FLOOR))
-    if moe.weights_scale not in (0.0, 1.0):
-        weights = weights * np.float32(moe.weights_scale)
     return chosen, weights.astype(np.float32)
 
 

@@ -22,8 +22,7 @@ from tiny_models import write_tiny_model
 
 
 def params(n_used=2, gating="softmax", norm=False, n_expert=4):
-    return MoEParams(n_expert=n_expert, n_used=n_used, n_ff=256, n_ff_shared=0, gating=gating, norm_weights=norm,
-                     weights_scale=0.0)
+    return MoEParams(n_expert=n_expert, n_used=n_used, n_ff=256, n_ff_shared=0, gating=gating, norm_weights=norm)
 
 
 def test_softmax_routing_picks_the_top_k_in_order_with_their_probabilities():
