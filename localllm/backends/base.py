@@ -144,8 +144,10 @@ class Backend(ABC):
     def take_rows(self, x, rows: np.ndarray, out) -> None:
         """out[R, E] = x[rows[R], E]: gather rows of an activation buffer (the batched forward keeps the
         row of each sequence that gives its logits). rows: host int32[R], each in 0..T-1. Host buffers:
-        np.take; a device backend overrides it."""
-        np.take(x, rows, axis=0, out=out)
+        np.take; a device backend overrides it. mode "clip" as the rows are in range by contract: with
+        the default "raise" NumPy writes through a temporary as large as out (32 MiB for a 512-token
+        prompt's expert rows of Qwen3-30B-A3B)."""
+        np.take(x, rows, axis=0, out=out, mode="clip")
 
     @abstractmethod
     def embed(self, w: Weight, ids: np.ndarray, out) -> None:

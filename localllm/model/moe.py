@@ -153,7 +153,9 @@ class ExpertBuffers:
     """The MoE feed-forward's activations for up to `rows` tokens, allocated with the backend's alloc and
     grown on demand (a decode step allocates nothing): scores [T, n_expert], the routed rows xs [P, E],
     gate and up [P, n_ff], the expert outputs down [P + T, E] (the shared expert's after the P), and the
-    shared expert's score [T, 1], gate and up [T, n_ff_shared]."""
+    shared expert's score [T, 1], gate and up [T, n_ff_shared]. xs and down share their memory: xs is read
+    only by the gate and up products, which are done before the down product writes (a 512-token prompt
+    of Qwen3-30B-A3B: 32 MiB less)."""
 
     def __init__(self, ops: Backend, moe: MoEParams, n_embd: int):
         self.ops, self.moe, self.n_embd = ops, moe, n_embd
@@ -177,11 +179,11 @@ class ExpertBuffers:
         ops, moe, e = self.ops, self.moe, self.n_embd
         p = t * moe.n_used
         self.scores = ops.alloc((t, moe.n_expert))
-        self.xs = ops.alloc((p, e))
+        self.down = ops.alloc((p + t, e))
+        self.xs = self.down[:p]
         self.gate_up = ops.alloc((p, 2 * moe.n_ff))  # a fused gate-and-up product's rows
         self.gate = ops.alloc((p, moe.n_ff))
         self.up = ops.alloc((p, moe.n_ff))
-        self.down = ops.alloc((p + t, e))
         if moe.n_ff_shared:
             self.shared_score = ops.alloc((t, 1))
             self.shared_gate = ops.alloc((t, moe.n_ff_shared))

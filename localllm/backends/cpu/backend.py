@@ -14,6 +14,7 @@ import numpy as np
 
 from ... import host, quant
 from ...errors import LocalLLMError
+from ...gguf.reader import release_pages
 from ...jit import configure_numba
 from ...runtime import Runtime
 from ..base import Backend, Weight
@@ -243,6 +244,8 @@ class CPUBackend(Backend):
 
     def embed(self, w: Weight, ids, out) -> None:
         gather_rows_kernel(quant.get(w.qtype))(w.data, ids, out)
+        if w.gathered:  # a table left mapped: drop the pages just read, and the ~16 the kernel maps around
+            release_pages(w.data)  # each (fault-around), so that they do not add up in the process's memory
 
     def rms_norm(self, x, weight, eps, out) -> None:
         d = weight.shape[0]
