@@ -60,8 +60,9 @@ def test_every_entry_is_complete_and_honestly_named(registry):
     for e in registry.entries:
         assert e.name == "-".join(p for p in (e.family, e.params, e.variant) if p)
         # a parameter count, Phi's "mini", Gemma's "effective" count as Google writes it (E2B -> "e2b"), or a
-        # mixture of experts' total and active counts as its maker writes them (30B-A3B, OLMoE's 1B-7B)
-        assert re.fullmatch(r"\d+(\.\d+)?[mb](-a?\d+(\.\d+)?b)?|e\d+b|mini", e.params), e.name
+        # mixture of experts' total and active counts as its maker writes them (30B-A3B, OLMoE's 1B-7B), or its
+        # experts times their size (Mixtral's 8x7B)
+        assert re.fullmatch(r"\d+(\.\d+)?[mb](-a?\d+(\.\d+)?b)?|e\d+b|\d+x\d+b|mini", e.params), e.name
         assert e.license and re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", e.repo)
         assert e.repo.lower().endswith("gguf"), e.repo  # GGUF repositories, by their makers' own naming
         for f in e.files:
