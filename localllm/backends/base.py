@@ -198,9 +198,29 @@ class Backend(ABC):
         and sinks as there). out[T, Hq, D]."""
 
     @abstractmethod
+    def short_conv(self, x, weight, window, out, silu: bool) -> None:
+        """The recurrent layers' causal convolution over time, one channel at a time (ggml_ssm_conv):
+        out[t, c] = sum_i weight[c, i] * xin[t + i, c] for i = 0..K-1, xin being the window's rows then
+        x's; then SiLU when `silu`. Afterwards the window holds the last K-1 rows of xin, for the next
+        call. x float32[T, C], weight float32[C, K] (the file's ssm_conv1d), window float32[K-1, C] (zero
+        at a sequence's start), out float32[T, C] (not x)."""
+
+    @abstractmethod
+    def delta_net(self, q, k, v, g: np.ndarray, beta: np.ndarray, state, out) -> None:
+        """The gated delta rule over T tokens of one sequence, the state carried in place (Qwen3.5's and
+        Qwen3-Next's linear attention, ggml_gated_delta_net). Per value head h and token t, with M =
+        state[h] [S (value), S (key)] and key head h % Hk:
+            M <- exp(g[t, h]) M;  d = beta[t, h] (v[t, h] - M k[t]);  M <- M + d k[t]^T;
+            out[t, h] = (M q[t]) / sqrt(S).
+        q, k float32[T, Hk, S] (L2-normalised by the caller), v and out float32[T, Hv, S], state
+        float32[Hv, S, S] (zero at a sequence's start); g (log decay, <= 0) and beta host float32[T, Hv].
+        A backend may compute a prompt in chunks (the same rule in another order): within float32
+        rounding of the token loop."""
+
+    @abstractmethod
     def gated_act(self, gate, up, out, kind: str) -> None:
-        """out = act(gate) * up, kind 'silu' or 'gelu_tanh'; or kind 'swiglu_oai' (gpt-oss, ggml's
-        swiglu_oai): g = min(gate, 7), u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1)."""
+        """out = act(gate) * up, kind 'silu', 'gelu_tanh' or 'sigmoid'; or kind 'swiglu_oai' (gpt-oss,
+        ggml's swiglu_oai): g = min(gate, 7), u = clamp(up, -7, 7), out = g * sigmoid(1.702 g) * (u + 1)."""
 
     @abstractmethod
     def add(self, a, b, out) -> None:

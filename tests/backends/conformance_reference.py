@@ -253,8 +253,43 @@ def gated_act_reference(gate, up, kind):
         act = g / (1 + np.exp(-g))
         ref = act * u
         return ref, 16 * U * np.abs(ref) + 2.0**-126
+    if kind == "sigmoid":  # SiLU's chain less its product with g
+        ref = u / (1 + np.exp(-g))
+        return ref, 16 * U * np.abs(ref) + 2.0**-126
     act = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)))
     ref = act * u
     moved_gate = np.maximum(F16_U * np.abs(g), F16_SUBNORMAL_HALF_STEP)
     table = GELU_MAX_SLOPE * moved_gate + F16_U * np.abs(act) + F16_SUBNORMAL_HALF_STEP
     return ref, table * np.abs(u) + 16 * U * np.abs(ref)
+
+
+def short_conv_reference(x, weight, window, silu):
+    """(out, bound, the window after) of Backend.short_conv in float64. Bound: K float32 products and
+    adds of terms of at most sum |w x| (2K roundings of that), then SiLU's chain (16U of |out|)."""
+    xin = np.concatenate([window, x]).astype(np.float64)
+    k = weight.shape[1]
+    terms = np.stack([xin[i : i + x.shape[0]] * weight[:, i].astype(np.float64) for i in range(k)])  # [K, T, C]
+    conv = terms.sum(axis=0)
+    bound = 2 * k * U * np.abs(terms).sum(axis=0)
+    if silu:
+        slope = 1.1  # |d silu / dx| <= 1.1 everywhere
+        out = conv / (1 + np.exp(-conv))
+        bound = slope * bound + 16 * U * np.abs(out) + 2.0**-126
+    else:
+        out = conv
+    return out, bound, xin[x.shape[0] :].astype(np.float32)
+
+
+def delta_net_reference(q, k, v, g, beta, state):
+    """(out [T, Hv, S], the state after [Hv, S, S]) of Backend.delta_net, token by token in float64."""
+    m = state.astype(np.float64).copy()
+    out = np.zeros(v.shape, dtype=np.float64)
+    n_k, scale = q.shape[1], 1.0 / np.sqrt(q.shape[2])
+    for t in range(q.shape[0]):
+        for h in range(m.shape[0]):
+            kt, qt = k[t, h % n_k].astype(np.float64), q[t, h % n_k].astype(np.float64)
+            m[h] *= np.exp(np.float64(g[t, h]))
+            d = np.float64(beta[t, h]) * (v[t, h].astype(np.float64) - m[h] @ kt)
+            m[h] += np.outer(d, kt)
+            out[t, h] = scale * (m[h] @ qt)
+    return out, m

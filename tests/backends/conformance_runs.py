@@ -163,6 +163,32 @@ def gated_act(backend, gate, up, kind, in_place):
     return backend.to_host(out).copy()
 
 
+def short_conv(backend, x_parts, weight, silu):
+    """short_conv over consecutive parts of one sequence (each a float32[T_i, C]), the window carried
+    from a zero start; returns each part's output and the window after the last."""
+    k, c = weight.shape[1], weight.shape[0]
+    window = to_backend(backend, np.zeros((k - 1, c), dtype=np.float32))
+    outs = []
+    for x in x_parts:
+        out = backend.alloc(x.shape)
+        backend.short_conv(to_backend(backend, x), weight, window, out, silu)
+        outs.append(backend.to_host(out).copy())
+    return {"outs": outs, "window": backend.to_host(window).copy()}
+
+
+def delta_net(backend, parts, state):
+    """delta_net over consecutive parts of one sequence, each a dict of q, k, v, g, beta (float32
+    [T_i, ...]), the state carried from `state`; returns each part's output and the state after."""
+    device_state = to_backend(backend, state)
+    outs = []
+    for part in parts:
+        out = backend.alloc(part["v"].shape)
+        backend.delta_net(to_backend(backend, part["q"]), to_backend(backend, part["k"]), to_backend(backend, part["v"]),
+                          part["g"], part["beta"], device_state, out)
+        outs.append(backend.to_host(out).copy())
+    return {"outs": outs, "state": backend.to_host(device_state).copy()}
+
+
 def add(backend, a, b, in_place):
     """a + b for float32 arrays of one shape; in place (out is a) as the residual adds run, or not."""
     dev_a = to_backend(backend, a)
@@ -184,4 +210,4 @@ def softcap(backend, x, cap):
 
 
 RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, matmul_experts, combine_experts, take_rows,
-                                 embed, rms_norm, rope, attention, kv_store, paged, gated_act, add, scale, softcap)}
+                                 short_conv, delta_net, embed, rms_norm, rope, attention, kv_store, paged, gated_act, add, scale, softcap)}

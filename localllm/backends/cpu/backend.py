@@ -18,7 +18,7 @@ from ...gguf.reader import release_pages
 from ...jit import configure_numba
 from ...runtime import Runtime
 from ..base import Backend, Weight
-from . import attention_decode, kernels
+from . import attention_decode, kernels, recurrent
 from .attention_blas import BlasAttention
 from .drivers import KERNEL_FOLDER
 from .layouts import WeightLayouts
@@ -379,16 +379,30 @@ class CPUBackend(Backend):
         self._blas_attention(q[first : first + n], keys, values, start, scale, window, out[first : first + n], softcap, sinks)
 
     def gated_act(self, gate, up, out, kind) -> None:
-        if kind not in ("silu", "gelu_tanh", "swiglu_oai"):
+        if kind not in ("silu", "gelu_tanh", "swiglu_oai", "sigmoid"):
             raise LocalLLMError(f"unknown activation {kind!r}")
         parallel = self.thread_policy.parallel(gate.shape[0], gate.size)
         if kind == "swiglu_oai":
             (kernels.swiglu_oai if parallel else kernels.swiglu_oai_serial)(gate, up, out)
             return
+        if kind == "sigmoid":
+            (kernels.sigmoid_gate if parallel else kernels.sigmoid_gate_serial)(gate, up, out)
+            return
         kernel = kernels.gated_act if parallel else kernels.gated_act_serial
         if self._gelu_table is None:
             self._gelu_table = kernels.gelu_table()
         kernel(gate, up, out, kind == "gelu_tanh", self._gelu_table)
+
+    def short_conv(self, x, weight, window, out, silu) -> None:
+        recurrent.short_conv(x, weight, window, out, bool(silu))
+        recurrent.short_conv_window(x, window)
+
+    def delta_net(self, q, k, v, g, beta, state, out) -> None:
+        g = np.ascontiguousarray(g, dtype=np.float32)
+        beta = np.ascontiguousarray(beta, dtype=np.float32)
+        scale = np.float32(1.0 / np.sqrt(q.shape[2]))
+        kernel = recurrent.delta_net_steps if q.shape[0] == 1 else recurrent.delta_net_chunks  # a prompt: chunks
+        kernel(q, k, v, g, beta, state, out, scale)
 
     def add(self, a, b, out) -> None:
         np.add(a, b, out=out)

@@ -257,6 +257,29 @@ def swiglu_oai_serial(gate, up, out):
         _swiglu_oai_row(gate[t], up[t], out[t])
 
 
+# The sigmoid gate (Qwen3.5's and Qwen3-Next's gated attention output): out = sigmoid(gate) * up,
+# sigmoid from exp(-|g|) as _silu computes it.
+@fast_kernel
+def _sigmoid_gate_row(gate, up, out):
+    for i in range(gate.shape[0]):
+        g = gate[i]
+        e = _exp_nonpositive(-abs(g))
+        out[i] = _divide(np.float32(1.0) if g >= np.float32(0.0) else e, np.float32(1.0) + e) * up[i]
+
+
+@fast_kernel(parallel=True)
+def sigmoid_gate(gate, up, out):
+    """out[T, F] = sigmoid(gate) * up (out may be gate)."""
+    for t in prange(gate.shape[0]):
+        _sigmoid_gate_row(gate[t], up[t], out[t])
+
+
+@fast_kernel
+def sigmoid_gate_serial(gate, up, out):
+    for t in range(gate.shape[0]):
+        _sigmoid_gate_row(gate[t], up[t], out[t])
+
+
 @fast_kernel(parallel=True)
 def gated_act(gate, up, out, gelu, table):
     """out[T, F] = act(gate) * up; gelu: GELU (tanh approximation) via `table` (gelu_table()), else SiLU.

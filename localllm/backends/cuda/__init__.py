@@ -151,7 +151,8 @@ class CUDABackend(Backend):
         return buffer if isinstance(buffer, np.ndarray) else buffer.copy_to_host()
 
     def _device(self, array):
-        """A device copy of a host float32 vector (norm weights, biases), made once; device arrays pass."""
+        """A device copy of a host float32 vector or small matrix (norm weights, biases, a convolution's
+        weights), made once; device arrays pass."""
         if not isinstance(array, np.ndarray):
             return array
         entry = self._vectors.get(id(array))
@@ -307,12 +308,26 @@ class CUDABackend(Backend):
         )
 
     def gated_act(self, gate, up, out, kind) -> None:
-        if kind not in ("silu", "gelu_tanh", "swiglu_oai"):
+        if kind not in ("silu", "gelu_tanh", "swiglu_oai", "sigmoid"):
             raise LocalLLMError(f"unknown activation {kind!r}")
         if kind == "swiglu_oai":
             self._k.swiglu_oai[self._grid(gate.size)](gate, up, out, np.float32(1.702), np.float32(7.0))
             return
+        if kind == "sigmoid":
+            self._k.sigmoid_gate[self._grid(gate.size)](gate, up, out)
+            return
         self._k.gated_act[self._grid(gate.size)](gate, up, out, kind == "gelu_tanh")
+
+    def short_conv(self, x, weight, window, out, silu) -> None:
+        self._k.short_conv[self._grid(x.shape[1])](x, self._device(weight), window, out, bool(silu))
+
+    def delta_net(self, q, k, v, g, beta, state, out) -> None:
+        """Token by token for a prompt too: each thread's row carries through the tokens (the CPU
+        backend's chunked form is the same rule in another order)."""
+        g_device = self.cuda.to_device(np.ascontiguousarray(g, dtype=np.float32))
+        beta_device = self.cuda.to_device(np.ascontiguousarray(beta, dtype=np.float32))
+        scale = np.float32(1.0 / np.sqrt(q.shape[2]))
+        self._k.delta_net[self._grid(state.shape[0] * state.shape[1])](q, k, v, g_device, beta_device, state, out, scale)
 
     def add(self, a, b, out) -> None:
         self._k.add[self._grid(a.size)](_rows(a), _rows(b), _rows(out))

@@ -255,6 +255,60 @@ def swiglu_oai(gate, up, out, alpha, limit):
 
 
 @cuda.jit
+def sigmoid_gate(gate, up, out):
+    """out float32[T, F] = sigmoid(gate) * up."""
+    n_cols = gate.shape[1]
+    for job in range(cuda.grid(1), gate.shape[0] * n_cols, cuda.gridsize(1)):
+        r = job // n_cols
+        c = job % n_cols
+        out[r, c] = up[r, c] / (np.float32(1.0) + np.float32(math.exp(-gate[r, c])))
+
+
+@cuda.jit
+def short_conv(x, weight, window, out, silu):
+    """out float32[T, C][t, c] = sum_i weight[c, i] * (window rows, then x rows)[t + i, c], SiLU'd when
+    `silu` (Backend.short_conv); a thread per channel, so that it can then slide its channel's window."""
+    n_window = window.shape[0]
+    for c in range(cuda.grid(1), x.shape[1], cuda.gridsize(1)):
+        for t in range(x.shape[0]):
+            acc = np.float32(0.0)
+            for i in range(weight.shape[1]):
+                s = t + i
+                acc += (window[s, c] if s < n_window else x[s - n_window, c]) * weight[c, i]
+            if silu:
+                acc = acc / (np.float32(1.0) + np.float32(math.exp(-acc)))
+            out[t, c] = acc
+        for j in range(n_window):  # reads index T + j > j of the old window: never one already written
+            s = x.shape[0] + j
+            window[j, c] = window[s, c] if s < n_window else x[s - n_window, c]
+
+
+@cuda.jit
+def delta_net(q, k, v, g, beta, state, out, scale):
+    """The gated delta rule token by token (Backend.delta_net): a thread per (value head, state row j),
+    each updating its own row of the head's state (rows are independent)."""
+    size = state.shape[1]
+    n_k = q.shape[1]
+    for job in range(cuda.grid(1), state.shape[0] * size, cuda.gridsize(1)):
+        h = job // size
+        j = job % size
+        hk = h % n_k
+        row = state[h, j]
+        for t in range(q.shape[0]):
+            decay = np.float32(math.exp(g[t, h]))
+            s = np.float32(0.0)
+            for i in range(size):
+                row[i] *= decay
+                s += row[i] * k[t, hk, i]
+            d = (v[t, h, j] - s) * beta[t, h]
+            o = np.float32(0.0)
+            for i in range(size):
+                row[i] += d * k[t, hk, i]
+                o += row[i] * q[t, hk, i]
+            out[t, h, j] = o * scale
+
+
+@cuda.jit
 def add(a, b, out):
     """out float32[R, C] = a + b."""
     n_cols = a.shape[1]
