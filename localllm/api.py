@@ -54,7 +54,8 @@ def read_ahead_if_small(reader: GGUFReader) -> bool:
     return well_within(reader.file_size, available_memory()) and reader.read_ahead()
 
 
-def _kv_bytes_per_token(reader) -> int:
+def _kv_bytes(reader, n_ctx: int) -> int:
+    """The KV cache's bytes at n_ctx positions (with a hybrid's recurrent buffers and their checkpoints)."""
     from .model.archs import ARCHITECTURES
     from .model.hparams import HParams
 
@@ -62,7 +63,7 @@ def _kv_bytes_per_token(reader) -> int:
     # An architecture whose layers' caches differ says how (an unsupported one counts as uniform: load
     # refuses it anyway, and `show` only describes it)
     layout = architecture_class(reader.architecture).kv_layout_of(reader, hp) if reader.architecture in ARCHITECTURES else None
-    return KVCache.bytes_needed(hp, 1, layout)
+    return KVCache.bytes_needed(hp, n_ctx, layout)
 
 
 def estimate_memory(path, n_ctx: Optional[int] = None, check: bool = False) -> MemoryEstimate:
@@ -86,11 +87,10 @@ def default_context(trained: int) -> int:
 
 
 def _estimate(reader, n_ctx: Optional[int]) -> MemoryEstimate:
-    per_token = _kv_bytes_per_token(reader)
     if n_ctx is None:
         n_ctx = default_context(trained_context(reader))
     weights = sum(t.nbytes for t in reader.tensors.values())
-    return MemoryEstimate(weights, per_token * n_ctx, n_ctx)
+    return MemoryEstimate(weights, _kv_bytes(reader, n_ctx), n_ctx)
 
 
 def check_fits(memory: MemoryEstimate, available: Optional[int] = None) -> None:
@@ -189,7 +189,7 @@ class Model:
 
         Checked first (check_context: KVCacheTooLarge, too small); a refused size changes nothing. The default
         session is replaced by an empty one; sessions made before keep their old cache."""
-        memory = MemoryEstimate(self.memory.weights_bytes, _kv_bytes_per_token(self.reader) * n_ctx, n_ctx)
+        memory = MemoryEstimate(self.memory.weights_bytes, _kv_bytes(self.reader, n_ctx), n_ctx)
         check_context(self.reader, memory, host=self.backend.host_buffers)
         self.backend.plan_memory(self.reader, memory, self.decoder.hp, ctx_given=True)  # a host backend's: nothing
         self.memory = memory

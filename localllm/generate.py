@@ -44,14 +44,23 @@ def prefill(decoder, session: Session, prompt: list[int], n_ctx: int) -> tuple[n
         raise ValueError("empty prompt: nothing to generate from")
     if len(prompt) >= n_ctx:
         raise ContextOverflow(len(prompt) + 1, n_ctx)
-    # Keep at least one token to run so the logits of the last prompt position are computed.
-    reused = min(common_prefix(session.tokens, prompt), len(prompt) - 1)
+    # Keep at least one token to run so the logits of the last prompt position are computed. A cache with
+    # recurrent layers may keep fewer: their state resumes from a checkpoint (model/recurrent.py).
+    reused = session.cache.resume_at(min(common_prefix(session.tokens, prompt), len(prompt) - 1))
     session.tokens = list(prompt[:reused])
-    logits = None
-    for start in range(reused, len(prompt), PREFILL_CHUNK):
-        chunk = np.asarray(prompt[start : start + PREFILL_CHUNK], dtype=np.int32)
-        logits = decoder.forward(chunk, start, session.cache)
-        session.tokens.extend(int(t) for t in chunk)
+    # recurrent layers: the state one token before the prompt's end is what a next turn repeating this
+    # prompt resumes from, so the prompt runs in two parts with a checkpoint between
+    split = session.cache.states is not None and len(prompt) - 1 > reused
+    ends = [len(prompt) - 1, len(prompt)] if split else [len(prompt)]
+    logits, start = None, reused
+    for end in ends:
+        for first in range(start, end, PREFILL_CHUNK):
+            chunk = np.asarray(prompt[first : min(first + PREFILL_CHUNK, end)], dtype=np.int32)
+            logits = decoder.forward(chunk, first, session.cache)
+            session.tokens.extend(int(t) for t in chunk)
+        if end < len(prompt):
+            session.cache.checkpoint()
+        start = end
     return logits[-1], reused
 
 

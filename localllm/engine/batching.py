@@ -118,7 +118,10 @@ class Engine:
                                                  self.decoder.kv_layout())
         if n_blocks < 2:
             raise LocalLLMError(f"--cache-mb {cache_mb:g} holds fewer than 2 KV blocks of {block_size} tokens")
-        self.cache = PagedKVCache(model.backend, self.decoder.hp, n_blocks, block_size, self.decoder.kv_layout())
+        # recurrent layers: a state slot per running sequence (and the warm-up's two)
+        self.cache = PagedKVCache(model.backend, self.decoder.hp, n_blocks, block_size, self.decoder.kv_layout(),
+                                  state_slots=max(parallel, 2))
+        self.states = self.cache.states  # None without recurrent layers
         self.pool = self.cache.pool
         self.block_size = block_size
         # A sequence can never hold more positions than the context or the whole pool.
@@ -171,6 +174,8 @@ class Engine:
         decode_row, chunk = SequenceBlocks(), SequenceBlocks()
         self.pool.reserve(need)
         decode_row.reserved, chunk.reserved = 1, need - 1
+        if self.states is not None:
+            decode_row.state_slot, chunk.state_slot = self.states.take(), self.states.take()
         n_vocab = self.decoder.hp.n_vocab
         tokens = [i % n_vocab for i in range(rows)]
         entries = [(decode_row, tokens[:1], 0), (chunk, tokens, 0)]
@@ -180,8 +185,8 @@ class Engine:
             layout = self.layouts.build(entries, n_rowwise=1)
             self.decoder.forward_batch(self.cache, layout, np.array([0, rows], dtype=np.int32))
         finally:
-            decode_row.free(self.pool)
-            chunk.free(self.pool)
+            for blocks in (decode_row, chunk):
+                self._free(blocks)
 
     # -- requests ---------------------------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> None:
@@ -252,13 +257,16 @@ class Engine:
             handle = self._queue[0]
             prompt = handle.request.prompt
             limit = len(prompt) - 1  # the last prompt token always runs: its logits are needed
-            hits, lru_hits = self.pool.cached_prefix(prompt, limit)  # look, without taking references yet
+            # a recurrent layer's state cannot be taken from another request's blocks: no prefix reuse there
+            hits, lru_hits = self.pool.cached_prefix(prompt, limit) if self.states is None else (0, 0)
             total = -(-self._positions_needed(handle.request) // bs)
             if total - hits > self.pool.available - lru_hits:
                 return  # wait for blocks: a finishing sequence frees some
             self._queue.popleft()
             blocks = SequenceBlocks()
-            n_cached = blocks.attach_prefix(self.pool, prompt, limit)
+            n_cached = blocks.attach_prefix(self.pool, prompt, limit) if self.states is None else 0
+            if self.states is not None:
+                blocks.state_slot = self.states.take()
             blocks.reserved = total - len(blocks.table)
             self.pool.reserve(blocks.reserved)
             seq = Sequence(handle, self.tokenizer, self.decoder.hp.n_vocab, blocks, n_cached, self.seq_ctx)
@@ -321,9 +329,15 @@ class Engine:
         self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
-        seq.blocks.free(self.pool)
+        self._free(seq.blocks)
         if seq in self._active:
             self._active.remove(seq)
+
+    def _free(self, blocks: SequenceBlocks) -> None:
+        blocks.free(self.pool)
+        if blocks.state_slot >= 0:
+            self.states.give(blocks.state_slot)
+            blocks.state_slot = -1
 
 
 class EngineStats:

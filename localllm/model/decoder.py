@@ -18,6 +18,7 @@ from ..backends.base import Backend
 from ..errors import LocalLLMError
 from .buffers import BatchBuffers, Buffers
 from .hparams import HParams
+from .recurrent import MAX_CHECKPOINTS, LayerState, RecurrentStates, state_bytes
 from .rope import LayerRope, layer_rope
 from .weights import BoundWeights, TensorSpec, bind_weights
 
@@ -50,10 +51,15 @@ class LayerKV:
 
 def layer_caches(ops: Backend, hp: HParams, lead: tuple, dtype, layout: Optional[list] = None):
     """Per-layer K and V buffers [*lead, n_head_kv, head_dim]: the same shape for every layer, or each
-    layer's from `layout` (a layer that reads an earlier layer's cache gets that layer's buffers)."""
+    layer's from `layout` (a layer that reads an earlier layer's cache gets that layer's buffers; a
+    recurrent layer, a LayerState, gets None: its buffers are model/recurrent.py's)."""
     keys, values = [], []
     for il in range(hp.n_layer):
         spec = layout[il] if layout else LayerKV(hp.n_head_kv, hp.head_dim, il)
+        if isinstance(spec, LayerState):
+            keys.append(None)
+            values.append(None)
+            continue
         if spec.source != il:
             keys.append(keys[spec.source])
             values.append(values[spec.source])
@@ -68,12 +74,13 @@ def kv_bytes_per_position(hp: HParams, dtype, layout: Optional[list] = None) -> 
     """K and V bytes of one position over all layers (a layer reading another's cache adds none)."""
     if not layout:
         return 2 * hp.n_layer * hp.n_head_kv * hp.head_dim * np.dtype(dtype).itemsize
-    own = [spec for il, spec in enumerate(layout) if spec.source == il]
+    own = [spec for il, spec in enumerate(layout) if isinstance(spec, LayerKV) and spec.source == il]
     return 2 * sum(spec.n_head_kv * spec.head_dim for spec in own) * np.dtype(dtype).itemsize
 
 
 class KVCache:
-    """Per-layer K and V, float16 [n_ctx, n_head_kv, head_dim], indexed by absolute position.
+    """Per-layer K and V, float16 [n_ctx, n_head_kv, head_dim], indexed by absolute position; and the
+    recurrent layers' buffers where the layout has LayerState entries (model/recurrent.py).
 
     Float16, as llama.cpp's default cache type: half the memory of float32, and measured closer to
     llama.cpp's logits on Gemma 3 270M (KL at the last prompt position 0.001-0.006 against 0.003-0.015
@@ -84,10 +91,43 @@ class KVCache:
     def __init__(self, ops: Backend, hp: HParams, n_ctx: int, layout: Optional[list] = None):
         self.n_ctx = n_ctx
         self.k, self.v = layer_caches(ops, hp, (n_ctx,), self.DTYPE, layout)
+        has_states = any(isinstance(spec, LayerState) for spec in layout or ())
+        self.states = RecurrentStates(ops, layout) if has_states else None
 
     @staticmethod
     def bytes_needed(hp: HParams, n_ctx: int, layout: Optional[list] = None) -> int:
-        return n_ctx * kv_bytes_per_position(hp, KVCache.DTYPE, layout)
+        """K and V at n_ctx positions, plus the recurrent buffers and their checkpoints."""
+        return n_ctx * kv_bytes_per_position(hp, KVCache.DTYPE, layout) + (1 + MAX_CHECKPOINTS) * state_bytes(layout)
+
+    def resume_at(self, shared: int) -> int:
+        """How many of the held tokens a session can keep when its next prompt shares the first `shared`:
+        all of them for attention (positions past them are overwritten); for recurrent layers the
+        latest checkpoint at or before (RecurrentStates.resume_at)."""
+        return shared if self.states is None else self.states.resume_at(shared)
+
+    def checkpoint(self) -> None:
+        """Keep the recurrent layers' buffers as they are now (nothing to keep without them)."""
+        if self.states is not None:
+            self.states.checkpoint()
+
+    def running(self) -> None:
+        """A forward pass starts updating the buffers (until `ran`, what they hold is unknown)."""
+        if self.states is not None:
+            self.states.position = None
+
+    def ran(self, end: int) -> None:
+        """A forward pass ran the tokens before position `end`."""
+        if self.states is not None:
+            self.states.position = end
+
+    def recurrent(self, il: int) -> tuple:
+        """Recurrent layer il's buffers, as its LayerState lists them."""
+        return self.states.layers[il]
+
+    def recurrent_segments(self, il: int, n_rows: int) -> list:
+        """(first row, end row, buffers) of each sequence in a step's rows: here one sequence, all rows
+        (PagedBatch answers for several)."""
+        return [(0, n_rows, self.states.layers[il])]
 
     # The two things attention asks of a cache; PagedBatch (model/kv_paged.py) answers them for a
     # multi-sequence step, so architecture code never knows which cache it runs on.
@@ -195,6 +235,10 @@ class Decoder:
         """The attention scores' soft cap (0: none; see Backend.attention)."""
         return 0.0
 
+    def gate_attention(self, il: int, b: Buffers, x) -> None:
+        """Scale the attention's output b.attn [T, Hq, D] before its projection, from the block's input x
+        (an output gate), in place."""
+
     def scale_queries(self, b: Buffers) -> None:
         """Scale the rotated queries b.q [T, Hq, D] per position (an attention temperature), in place."""
 
@@ -299,6 +343,7 @@ class Decoder:
         cache.store(ops, il, b.k, b.v, start)
         cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn, self.attention_softcap(),
                      w.get(p + "attn_sinks.weight"))
+        self.gate_attention(il, b, x)
         self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o, w.get(p + "attn_output.bias"))
 
     def rotate(self, il: int, b: Buffers, x) -> None:
@@ -368,8 +413,10 @@ class Decoder:
         else:
             b.positions[:] = np.arange(start, start + n, dtype=np.int32)
         self.embed(np.asarray(tokens, dtype=np.int32), b)
+        cache.running()
         for il in range(self.hp.n_layer):
             self.block(il, b, start, cache)
+        cache.ran(start + n)
         rows = b.x if all_logits else b.x[n - 1 :]
         normed = b.h[: rows.shape[0]]
         self.ops.rms_norm(rows, self.w["output_norm.weight"], self.hp.eps, normed)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -179,12 +179,17 @@ class PagedKVCache:
 
     DTYPE = np.float16
 
-    def __init__(self, ops: Backend, hp: HParams, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, layout=None):
+    def __init__(self, ops: Backend, hp: HParams, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, layout=None,
+                 state_slots: int = 0):
+        """state_slots: how many sequences' recurrent buffers to hold, for a layout with recurrent layers."""
         from .decoder import layer_caches
+        from .recurrent import LayerState, RecurrentSlots
 
         self.block_size = block_size
         self.pool = BlockPool(n_blocks, block_size)
         self.k, self.v = layer_caches(ops, hp, (n_blocks, block_size), self.DTYPE, layout)  # see Decoder.kv_layout
+        recurrent = any(isinstance(spec, LayerState) for spec in layout or ())
+        self.states = RecurrentSlots(ops, layout, state_slots) if recurrent else None
 
     @staticmethod
     def bytes_per_block(hp: HParams, block_size: int = DEFAULT_BLOCK_SIZE, layout=None) -> int:
@@ -203,6 +208,7 @@ class SequenceBlocks:
 
     table: list = field(default_factory=list)
     reserved: int = 0  # blocks reserved in the pool for this sequence and not yet allocated
+    state_slot: int = -1  # its recurrent layers' slot in the cache (PagedKVCache.states), if any
     n_registered: int = 0  # leading blocks already published (or found) in the prefix map
     last_key: bytes = ROOT_KEY  # prefix key of block n_registered - 1
 
@@ -260,6 +266,7 @@ class BatchLayout:
     seq_start: np.ndarray  # int32[S]
     block_size: int
     n_rowwise: int = 0  # leading rows computed one by one (decode rows), as a T=1 step computes them
+    seq_state: Optional[np.ndarray] = None  # int32[S]: each sequence's recurrent slot (-1: none)
 
 
 class PagedBatch:
@@ -278,6 +285,12 @@ class PagedBatch:
                sinks=None) -> None:
         ops.attention_paged(q, self.cache.k[il], self.cache.v[il], self.layout, scale, window, out, softcap, sinks)
 
+    def recurrent_segments(self, il: int, n_rows: int) -> list:
+        """(first row, end row, buffers) of each sequence's rows, its recurrent layer il's slot."""
+        lay, states = self.layout, self.cache.states
+        return [(int(f), int(f + n), states.of(il, int(slot)))
+                for f, n, slot in zip(lay.seq_first, lay.seq_rows, lay.seq_state) if n]
+
 
 class LayoutBuilder:
     """Builds the BatchLayout of a step into arrays allocated once (grown if a step needs more)."""
@@ -289,7 +302,7 @@ class LayoutBuilder:
     def _alloc(self, rows: int, seqs: int, blocks: int) -> None:
         self.rows, self.seqs, self.blocks = rows, seqs, blocks
         self._row = np.zeros((5, rows), dtype=np.int32)  # tokens, positions, slots, row_seq, scratch
-        self._seq = np.zeros((3, seqs), dtype=np.int32)  # first, rows, start
+        self._seq = np.zeros((4, seqs), dtype=np.int32)  # first, rows, start, recurrent slot
         self._tables = np.zeros((seqs, blocks), dtype=np.int32)
 
     def build(self, entries, n_rowwise: int) -> BatchLayout:
@@ -299,12 +312,12 @@ class LayoutBuilder:
         if n_rows > self.rows or len(entries) > self.seqs or n_blocks > self.blocks:
             self._alloc(max(n_rows, self.rows), max(len(entries), self.seqs), max(n_blocks, 2 * self.blocks))
         tokens, positions, slots, row_seq = (a[:n_rows] for a in self._row[:4])
-        first, rows, start = (a[: len(entries)] for a in self._seq)
+        first, rows, start, state = (a[: len(entries)] for a in self._seq)
         tables = self._tables[: len(entries), :n_blocks]
         bs, t = self.block_size, 0
         for s, (blocks, chunk, pos0) in enumerate(entries):
             n = len(chunk)
-            first[s], rows[s], start[s] = t, n, pos0
+            first[s], rows[s], start[s], state[s] = t, n, pos0, blocks.state_slot
             tables[s, : len(blocks.table)] = blocks.table
             tokens[t : t + n] = chunk
             for i in range(n):
@@ -313,4 +326,4 @@ class LayoutBuilder:
                 slots[t + i] = blocks.table[p // bs] * bs + p % bs
                 row_seq[t + i] = s
             t += n
-        return BatchLayout(tokens, positions, slots, row_seq, tables, first, rows, start, bs, n_rowwise)
+        return BatchLayout(tokens, positions, slots, row_seq, tables, first, rows, start, bs, n_rowwise, state)

@@ -25,6 +25,9 @@ class TensorSpec:
     fused: Optional[str] = None
     fused_shape: tuple[int, ...] = ()
     first_row: int = 0
+    # Rows interleaved in groups instead (Qwen3.5's attn_q: each head's query rows, then its gate rows):
+    # (group, width) takes, of every `group` consecutive rows, the `width` from first_row on (a copy)
+    row_groups: tuple = ()
     gathered: bool = False  # only rows are read (Weight.gathered): an embedding table, not the output too
 
     @property
@@ -83,8 +86,14 @@ def bind_weights(reader, specs: list[TensorSpec], backend: Backend) -> BoundWeig
                 f"{reader.path}: tensor '{name}' has type {qtype}, which the {backend.name} backend does not support"
             )
         data = reader.tensor_bytes(name)
-        entries[spec.name] = backend.upload(Weight(spec.name, qtype, tuple(spec.shape), data[rows] if spec.fused else data,
-                                                   spec.gathered))
+        if spec.row_groups:
+            group, width = spec.row_groups
+            grouped = data.reshape(-1, group, data.shape[-1])[:, spec.first_row : spec.first_row + width]
+            data = np.ascontiguousarray(grouped.reshape(-1, data.shape[-1]))
+            data.flags.writeable = False  # as the mapping is (kernels are compiled for read-only weights)
+        elif spec.fused:
+            data = data[rows]
+        entries[spec.name] = backend.upload(Weight(spec.name, qtype, tuple(spec.shape), data, spec.gathered))
     return BoundWeights(entries)
 
 

@@ -103,6 +103,7 @@ def ops():
 class _Seq:
     def __init__(self, table):
         self.table = table
+        self.state_slot = -1  # no recurrent layers
 
 
 @pytest.mark.parametrize("window", [0, 5])
@@ -282,11 +283,13 @@ def test_every_architecture_batched_step_gives_single_sequence_logits(tmp_path, 
         cache = KVCache(model.backend, dec.hp, 64, dec.kv_layout())
         refs[name] = dec.forward(np.asarray(ids, np.int32), 0, cache).copy()[-1]
         refs[name + "+"] = dec.forward(np.asarray([42], np.int32), len(ids), cache).copy()[0]
-    paged = PagedKVCache(model.backend, dec.hp, 16, BS, dec.kv_layout())
+    paged = PagedKVCache(model.backend, dec.hp, 16, BS, dec.kv_layout(), state_slots=2)
     seqs = {"first": SequenceBlocks(), "second": SequenceBlocks()}
     for name, ids in (("first", first), ("second", second)):
         paged.pool.reserve(6)
         seqs[name].reserved = 6
+        if paged.states is not None:  # recurrent layers (the hybrid): a state slot per sequence
+            seqs[name].state_slot = paged.states.take()
         seqs[name].ensure(paged.pool, len(ids) + 1)
     builder = LayoutBuilder(BS)
     lay = builder.build([(seqs["first"], first, 0)], n_rowwise=0)

@@ -341,4 +341,4 @@ class CUDABackend(Backend):
 
 def _rows(a):
     """The 2-D [rows, last dim] view the elementwise kernels take."""
-    return a if a.ndim == 2 else a.reshape(-1, a.shape[-1])
+    return a if a.ndim == 2 else a.reshape(-1, a.shape[a.ndim - 1])  # (the simulator's shapes take no negative index)
