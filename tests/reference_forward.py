@@ -105,6 +105,8 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
     w = load_weights(reader)
     if arch == "gemma4":
         return forward_gemma4(md, w, tokens, neox_override, route_record, routes)
+    if arch == "qwen35":
+        return forward_qwen35(md, w, tokens, neox_override)
     n_layer, n_embd = md("block_count"), md("embedding_length")
     n_head = md("attention.head_count")
     n_kv = md("attention.head_count_kv", n_head)
@@ -325,3 +327,76 @@ def forward_gemma4(md, w, tokens, neox_override=None, route_record=None, routes=
     logits = x @ w.get("output.weight", w["token_embd.weight"]).T
     cap = md("final_logit_softcapping", 30.0)
     return cap * np.tanh(logits / cap)
+
+
+def softplus(x):
+    return np.log1p(np.exp(x))
+
+
+def causal_conv(x, weight):
+    """x [T, C] from a zero history, weight [C, K]: out[t, c] = sum_i weight[c, i] x[t + i - (K - 1), c]."""
+    k = weight.shape[1]
+    padded = np.concatenate([np.zeros((k - 1, x.shape[1])), x])
+    return sum(padded[i : i + x.shape[0]] * weight[:, i] for i in range(k))
+
+
+def gated_delta_rule(q, k, v, g, beta):
+    """q, k [T, Hk, S] (unit rows), v [T, Hv, S], g and beta [T, Hv]; value head h reads key head h % Hk.
+    Per head a state M [S, S] from zero: M = e^g M, then M += beta (v - M k) k^T, out = M q / sqrt(S)."""
+    t, n_k, size = q.shape
+    n_v = v.shape[1]
+    m = np.zeros((n_v, size, size))
+    out = np.zeros((t, n_v, size))
+    for i in range(t):
+        for h in range(n_v):
+            kt, qt = k[i, h % n_k], q[i, h % n_k]
+            m[h] *= np.exp(g[i, h])
+            m[h] += beta[i, h] * np.outer(v[i, h] - m[h] @ kt, kt)
+            out[i, h] = m[h] @ qt / np.sqrt(size)
+    return out
+
+
+def forward_qwen35(md, w, tokens, neox_override=None) -> np.ndarray:
+    """Qwen3.5: gated delta nets, and every full_attention_interval-th layer a gated attention (its output
+    times sigmoid of a gate that attn_q gives beside each head's queries); RoPE (NeoX pairing) on the
+    first rope.dimension_count dims of each head; SwiGLU feed-forwards after post_attention_norm."""
+    n_layer, n_embd = md("block_count"), md("embedding_length")
+    n_head, n_kv = md("attention.head_count"), md("attention.head_count_kv")
+    head_dim, n_rot = md("attention.key_length"), md("rope.dimension_count")
+    eps, base = md("attention.layer_norm_rms_epsilon"), md("rope.freq_base")
+    interval = md("full_attention_interval", 4)
+    size, n_k, n_v = md("ssm.state_size"), md("ssm.group_count"), md("ssm.time_step_rank")
+    neox = True if neox_override is None else neox_override
+    tokens = np.asarray(tokens)
+    t = len(tokens)
+    positions = np.arange(t)
+    x = w["token_embd.weight"][tokens]
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        h = rms_norm(x, w[p + "attn_norm.weight"], eps)
+        if (il + 1) % interval:  # a gated delta net
+            qkv = causal_conv(h @ w[p + "attn_qkv.weight"].T, w[p + "ssm_conv1d.weight"])
+            qkv = silu(qkv)
+            q, k, v = np.split(qkv, [n_k * size, 2 * n_k * size], axis=1)
+            q, k = (a.reshape(t, n_k, size) for a in (q, k))
+            q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
+            k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
+            g = softplus(h @ w[p + "ssm_alpha.weight"].T + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]
+            beta = 1.0 / (1.0 + np.exp(-(h @ w[p + "ssm_beta.weight"].T)))
+            o = gated_delta_rule(q, k, v.reshape(t, n_v, size), g, beta)
+            o = rms_norm(o, w[p + "ssm_norm.weight"], eps).reshape(t, n_v * size)
+            o = (o * silu(h @ w[p + "attn_gate.weight"].T)) @ w[p + "ssm_out.weight"].T
+        else:  # attention, each head's queries followed by its gate in attn_q
+            qg = (h @ w[p + "attn_q.weight"].T).reshape(t, n_head, 2, head_dim)
+            q, gate = qg[:, :, 0], qg[:, :, 1]
+            k = (h @ w[p + "attn_k.weight"].T).reshape(t, n_kv, head_dim)
+            v = (h @ w[p + "attn_v.weight"].T).reshape(t, n_kv, head_dim)
+            q = rope(rms_norm(q, w[p + "attn_q_norm.weight"], eps), positions, n_rot, base, neox)
+            k = rope(rms_norm(k, w[p + "attn_k_norm.weight"], eps), positions, n_rot, base, neox)
+            attn = attend(q, k, v, 1.0 / math.sqrt(head_dim), 0) / (1.0 + np.exp(-gate))
+            o = attn.reshape(t, n_head * head_dim) @ w[p + "attn_output.weight"].T
+        x = x + o
+        h = rms_norm(x, w[p + "post_attention_norm.weight"], eps)
+        x = x + (silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    x = rms_norm(x, w["output_norm.weight"], eps)
+    return x @ w.get("output.weight", w["token_embd.weight"]).T

@@ -112,6 +112,14 @@ class TinyArch:
     biases: bool = False
     sinks: bool = False
     ffn_norm_name: str = "ffn_norm"
+    # Qwen3.5's hybrid: every attention_interval-th layer attention (its queries carrying an output gate,
+    # partial interleaved M-RoPE), the others gated delta nets with a short convolution; heads of
+    # ssm_state wide, ssm_groups key heads and ssm_heads value heads
+    attention_interval: int = 0
+    ssm_state: int = 0  # 0: the attention heads' width
+    ssm_groups: int = 2
+    ssm_heads: int = 4
+    ssm_conv: int = 4
 
 
 TINY_ARCHS = {
@@ -166,6 +174,11 @@ TINY_ARCHS = {
                         metadata={"attention.sliding_window": WINDOW, "rope.scaling.type": "yarn",
                                   "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 8,
                                   "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}),
+    # Qwen3.5: four layers, delta nets 0 and 2, attention 1 and 3; RoPE on half of each head's dims
+    # in three interleaved sections, as its files give them; feed-forward norm named post_attention_norm
+    "qwen35": TinyArch(n_layer=4, qk_norm="head", attention_interval=2, ffn_norm_name="post_attention_norm",
+                       rope_base=10000000.0, output=True,
+                       metadata={"full_attention_interval": 2}),
     "gemma4moe": TinyArch(architecture="gemma4", n_layer=4, rope_base=1000000.0, qk_norm="head", post_norms=True,
                           embd_std=0.2, rope_freqs=True, pattern=(True, False, True, False), local_head_dim=64,
                           output_scale=True, qk_norm_mean=0.25, n_expert=4, n_used=2, n_ff_expert=256,
@@ -239,6 +252,14 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         w.add(f"{arch}.expert_used_count", spec.n_used, ValueType.UINT32)
     if spec.n_ff_expert:
         w.add(f"{arch}.expert_feed_forward_length", spec.n_ff_expert, ValueType.UINT32)
+    ssm_state = spec.ssm_state or HEAD_DIM
+    if spec.attention_interval:  # RoPE on half of each head's dims (Qwen3.5's files: a quarter)
+        w.add(f"{arch}.rope.dimension_count", HEAD_DIM // 2, ValueType.UINT32)
+        w.add(f"{arch}.rope.dimension_sections", np.array([6, 5, 5, 0], dtype=np.int32))
+        for key, value in (("ssm.conv_kernel", spec.ssm_conv), ("ssm.state_size", ssm_state),
+                           ("ssm.group_count", spec.ssm_groups), ("ssm.time_step_rank", spec.ssm_heads),
+                           ("ssm.inner_size", spec.ssm_heads * ssm_state)):
+            w.add(f"{arch}.{key}", value, ValueType.UINT32)
     for key, value in spec.metadata.items():
         if isinstance(value, str):
             w.add(f"{arch}.{key}", value)
@@ -273,6 +294,28 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
             for part, width in (("gate", n_ff), ("up", n_ff), ("down", N_EMBD)):
                 w.add_tensor(f"{p}ffn_{part}_exps.bias", rng.normal(0, 0.1, (n_expert, width)).astype(np.float32))
 
+    def gated_attention_layer(p):
+        """Qwen3.5's attention: attn_q gives each head's queries then its output gate."""
+        matrix(p + "attn_q.weight", N_EMBD, 2 * N_HEAD * HEAD_DIM)
+        matrix(p + "attn_k.weight", N_EMBD, N_KV * HEAD_DIM)
+        matrix(p + "attn_v.weight", N_EMBD, N_KV * HEAD_DIM)
+        matrix(p + "attn_output.weight", N_HEAD * HEAD_DIM, N_EMBD)
+
+    def delta_net_layer(p):
+        """Qwen3.5's gated delta net: q, k, v through a short convolution, an output gate (attn_gate), the
+        decay's and the write strength's projections (ssm_alpha, ssm_beta) with the decay's bias and rate
+        (ssm_dt.bias, ssm_a = -exp(A_log)), the output's per-head norm and projection."""
+        key_dim, value_dim = spec.ssm_groups * ssm_state, spec.ssm_heads * ssm_state
+        matrix(p + "attn_qkv.weight", N_EMBD, 2 * key_dim + value_dim)
+        matrix(p + "attn_gate.weight", N_EMBD, value_dim)
+        w.add_tensor(p + "ssm_conv1d.weight", rng.normal(0, 0.3, (2 * key_dim + value_dim, spec.ssm_conv)).astype(np.float32))
+        matrix(p + "ssm_alpha.weight", N_EMBD, spec.ssm_heads, std=0.1)
+        matrix(p + "ssm_beta.weight", N_EMBD, spec.ssm_heads, std=0.1)
+        vector(p + "ssm_dt.bias", spec.ssm_heads, mean=0.0, std=1.0)
+        w.add_tensor(p + "ssm_a", (-np.exp(rng.normal(0, 0.5, spec.ssm_heads))).astype(np.float32))
+        vector(p + "ssm_norm.weight", ssm_state)
+        matrix(p + "ssm_out.weight", value_dim, N_EMBD)
+
     matrix("token_embd.weight", N_EMBD, N_VOCAB, std=spec.embd_std)
     vector("output_norm.weight", N_EMBD)
     if spec.output:
@@ -293,7 +336,10 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         has_kv = il < n_layer - spec.shared_kv
         if spec.pre_norms:
             vector(p + "attn_norm.weight", N_EMBD)
-        if not has_kv:
+        recurrent = spec.attention_interval and (il + 1) % spec.attention_interval != 0
+        if spec.attention_interval:
+            delta_net_layer(p) if recurrent else gated_attention_layer(p)
+        elif not has_kv:
             matrix(p + "attn_q.weight", N_EMBD, q_out)
         elif spec.fused_qkv:
             matrix(p + "attn_qkv.weight", N_EMBD, q_out + 2 * kv_out)
@@ -302,7 +348,8 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
             matrix(p + "attn_k.weight", N_EMBD, kv_out)
             if il not in spec.no_v_layers:
                 matrix(p + "attn_v.weight", N_EMBD, kv_out)
-        matrix(p + "attn_output.weight", q_out, N_EMBD)
+        if not spec.attention_interval:
+            matrix(p + "attn_output.weight", q_out, N_EMBD)
         if spec.biases:
             vector(p + "attn_output.bias", N_EMBD, mean=0.0, std=0.1)
         if spec.sinks:
@@ -335,7 +382,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         if spec.qkv_bias:
             for name, n in (("attn_q.bias", q_out), ("attn_k.bias", kv_out), ("attn_v.bias", kv_out)):
                 vector(p + name, n, mean=0.0, std=0.5)
-        if spec.qk_norm:
+        if spec.qk_norm and not recurrent:
             vector(p + "attn_q_norm.weight", layer_head_dim if spec.qk_norm == "head" else q_out, mean=spec.qk_norm_mean)
             if has_kv:
                 vector(p + "attn_k_norm.weight", layer_head_dim if spec.qk_norm == "head" else kv_out,

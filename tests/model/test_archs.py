@@ -42,6 +42,13 @@ DECODE_RTOL_QUANT = 4e-2
 # and ours 0.019 from llama.cpp's). So the worst row gets MOE_RTOL_QUANT and the median row the dense
 # families' DECODE_RTOL_QUANT; the llama.cpp oracle (test_llamacpp_archs.py) holds them to 4e-2.
 MOE_RTOL_QUANT = 0.15
+# The tiny hybrid (Qwen3.5's delta nets) with quantized weights likewise: its worst row is 3-15% from the
+# float64 reference for every type (every quantized type, four seeds: up to 0.146, Q4_K seed 0, where
+# llama.cpp's own logits are 0.139 from the reference on the same row and ours 0.027 from llama.cpp's;
+# median rows at most 0.031). The 8-bit activations feed the delta nets' L2-normalised keys and their
+# state, which carries each token's rounding into every later one. The worst row gets HYBRID_RTOL_QUANT,
+# the median row DECODE_RTOL_QUANT; the llama.cpp oracle holds the hybrid to its 4e-2.
+HYBRID_RTOL_QUANT = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -130,15 +137,16 @@ def prefill_tolerance(qtype: str, n_tokens: int, arch: str = "llama") -> float:
 
 
 def quant_tolerance(arch: str) -> float:
-    return MOE_RTOL_QUANT if TINY_ARCHS[arch].n_expert else DECODE_RTOL_QUANT
+    spec = TINY_ARCHS[arch]
+    return MOE_RTOL_QUANT if spec.n_expert else HYBRID_RTOL_QUANT if spec.attention_interval else DECODE_RTOL_QUANT
 
 
 def assert_close(ours, ref, tolerance: float) -> None:
-    """Every row within `tolerance` (relative to the largest |logit|); where that is the mixtures of
-    experts' MOE_RTOL_QUANT, the median row within DECODE_RTOL_QUANT as well."""
+    """Every row within `tolerance` (relative to the largest |logit|); where that is wider than
+    DECODE_RTOL_QUANT (mixtures of experts, the hybrid), the median row within DECODE_RTOL_QUANT."""
     rows = np.abs(ours - ref).max(axis=-1) / np.abs(ref).max()
     assert rows.max() <= tolerance
-    if tolerance == MOE_RTOL_QUANT:
+    if tolerance > DECODE_RTOL_QUANT:
         assert np.median(rows) <= DECODE_RTOL_QUANT
 
 
@@ -290,13 +298,17 @@ def test_prompt_over_context_raises_with_the_numbers(tiny):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_memory_estimate_counts_the_kv_cache_load_allocates(tiny, arch):
     """estimate_memory's KV bytes (from metadata alone) equal the bytes of the cache a session holds:
-    Gemma 4's narrower local layers and shared layers included."""
+    Gemma 4's narrower local layers and shared layers included; for a hybrid, its recurrent buffers and
+    room for their MAX_CHECKPOINTS copies (made as prompts are prefilled)."""
     from localllm.api import estimate_memory
+    from localllm.model.recurrent import MAX_CHECKPOINTS
 
     path = tiny(arch)
     model = localllm.load(path, n_ctx=64, threads=2)
     cache = model.session.cache
-    allocated = sum(a.nbytes for a in {id(a): a for a in cache.k + cache.v}.values())
+    allocated = sum(a.nbytes for a in {id(a): a for a in cache.k + cache.v if a is not None}.values())
+    if cache.states is not None:
+        allocated += (1 + MAX_CHECKPOINTS) * sum(b.nbytes for bs in cache.states.layers.values() for b in bs)
     assert estimate_memory(path, n_ctx=64).kv_bytes == model.memory.kv_bytes == allocated
 
 

@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen3moe": ("qwen3moe", "Qwen3Moe"),
     "olmoe": ("olmoe", "Olmoe"),
     "gpt-oss": ("gpt_oss", "GptOss"),
+    "qwen35": ("qwen35", "Qwen35"),
 }
 
 

@@ -128,7 +128,7 @@ def greedy(decoder, prompt, n_new, n_ctx=16):
     """Greedy tokens after `prompt` (batched prefill, then one token per step) and every step's logits."""
     from localllm.model.decoder import KVCache
 
-    cache = KVCache(decoder.ops, decoder.hp, n_ctx)
+    cache = KVCache(decoder.ops, decoder.hp, n_ctx, decoder.kv_layout())
     logits = decoder.forward(np.array(prompt, np.int32), 0, cache)[-1].copy()
     tokens, rows = [], [logits]
     for step in range(n_new):
@@ -138,7 +138,7 @@ def greedy(decoder, prompt, n_new, n_ctx=16):
     return tokens, np.array(rows)
 
 
-@pytest.mark.parametrize("arch,qtype", [("llama", "Q8_0"), ("gemma3", "Q4_0")])
+@pytest.mark.parametrize("arch,qtype", [("llama", "Q8_0"), ("gemma3", "Q4_0"), ("qwen35", "Q8_0")])
 def test_tiny_model_greedy_tokens_equal_cpu(tmp_path, cpu, gpu, arch, qtype):
     from localllm.gguf import GGUFReader
     from localllm.model.archs import architecture_class
