@@ -105,8 +105,8 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
     w = load_weights(reader)
     if arch == "gemma4":
         return forward_gemma4(md, w, tokens, neox_override, route_record, routes)
-    if arch == "qwen35":
-        return forward_qwen35(md, w, tokens, neox_override)
+    if arch in ("qwen35", "qwen35moe"):
+        return forward_qwen35(md, w, tokens, neox_override, route_record, routes)
     n_layer, n_embd = md("block_count"), md("embedding_length")
     n_head = md("attention.head_count")
     n_kv = md("attention.head_count_kv", n_head)
@@ -356,10 +356,11 @@ def gated_delta_rule(q, k, v, g, beta):
     return out
 
 
-def forward_qwen35(md, w, tokens, neox_override=None) -> np.ndarray:
+def forward_qwen35(md, w, tokens, neox_override=None, route_record=None, routes=None) -> np.ndarray:
     """Qwen3.5: gated delta nets, and every full_attention_interval-th layer a gated attention (its output
     times sigmoid of a gate that attn_q gives beside each head's queries); RoPE (NeoX pairing) on the
-    first rope.dimension_count dims of each head; SwiGLU feed-forwards after post_attention_norm."""
+    first rope.dimension_count dims of each head; SwiGLU feed-forwards after post_attention_norm, or
+    (qwen35moe) experts renormalised over the chosen ones plus a sigmoid-gated shared expert."""
     n_layer, n_embd = md("block_count"), md("embedding_length")
     n_head, n_kv = md("attention.head_count"), md("attention.head_count_kv")
     head_dim, n_rot = md("attention.key_length"), md("rope.dimension_count")
@@ -397,6 +398,9 @@ def forward_qwen35(md, w, tokens, neox_override=None) -> np.ndarray:
             o = attn.reshape(t, n_head * head_dim) @ w[p + "attn_output.weight"].T
         x = x + o
         h = rms_norm(x, w[p + "post_attention_norm.weight"], eps)
-        x = x + (silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        if p + "ffn_gate_inp.weight" in w:
+            x = x + experts(w, p, h, md("expert_used_count"), True, route_record, routes[il] if routes is not None else None)
+        else:
+            x = x + (silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
     x = rms_norm(x, w["output_norm.weight"], eps)
     return x @ w.get("output.weight", w["token_embd.weight"]).T

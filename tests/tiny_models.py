@@ -179,6 +179,11 @@ TINY_ARCHS = {
     "qwen35": TinyArch(n_layer=4, qk_norm="head", attention_interval=2, ffn_norm_name="post_attention_norm",
                        rope_base=10000000.0, output=True,
                        metadata={"full_attention_interval": 2}),
+    # Qwen3.5's mixture of experts: a delta net then an attention layer (the dense tiny Qwen3.5 has
+    # two of each), eight experts (two per token, as wide as feed_forward_length / 2), a shared expert
+    "qwen35moe": TinyArch(n_layer=2, qk_norm="head", attention_interval=2, ffn_norm_name="post_attention_norm",
+                          rope_base=10000000.0, output=True, n_expert=8, n_used=2, ff_from_used=True,
+                          shared_expert=True, metadata={"full_attention_interval": 2}),
     "gemma4moe": TinyArch(architecture="gemma4", n_layer=4, rope_base=1000000.0, qk_norm="head", post_norms=True,
                           embd_std=0.2, rope_freqs=True, pattern=(True, False, True, False), local_head_dim=64,
                           output_scale=True, qk_norm_mean=0.25, n_expert=4, n_used=2, n_ff_expert=256,

@@ -23,6 +23,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "olmoe": ("olmoe", "Olmoe"),
     "gpt-oss": ("gpt_oss", "GptOss"),
     "qwen35": ("qwen35", "Qwen35"),
+    "qwen35moe": ("qwen35moe", "Qwen35Moe"),
 }
 
 
