@@ -105,8 +105,8 @@ def forward(reader, tokens, neox_override=None, n_ctx=64, route_record=None, rou
     w = load_weights(reader)
     if arch == "gemma4":
         return forward_gemma4(md, w, tokens, neox_override, route_record, routes)
-    if arch in ("qwen35", "qwen35moe"):
-        return forward_qwen35(md, w, tokens, neox_override, route_record, routes)
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
+        return forward_qwen35(md, w, tokens, neox_override, route_record, routes, grouped=arch == "qwen3next")
     n_layer, n_embd = md("block_count"), md("embedding_length")
     n_head = md("attention.head_count")
     n_kv = md("attention.head_count_kv", n_head)
@@ -340,27 +340,31 @@ def causal_conv(x, weight):
     return sum(padded[i : i + x.shape[0]] * weight[:, i] for i in range(k))
 
 
-def gated_delta_rule(q, k, v, g, beta):
-    """q, k [T, Hk, S] (unit rows), v [T, Hv, S], g and beta [T, Hv]; value head h reads key head h % Hk.
-    Per head a state M [S, S] from zero: M = e^g M, then M += beta (v - M k) k^T, out = M q / sqrt(S)."""
+def gated_delta_rule(q, k, v, g, beta, grouped=False):
+    """q, k [T, Hk, S] (unit rows), v [T, Hv, S], g and beta [T, Hv]; value head h reads key head h % Hk
+    (grouped: h // (Hv / Hk)). Per head a state M [S, S] from zero: M = e^g M, then
+    M += beta (v - M k) k^T, out = M q / sqrt(S)."""
     t, n_k, size = q.shape
     n_v = v.shape[1]
     m = np.zeros((n_v, size, size))
     out = np.zeros((t, n_v, size))
     for i in range(t):
         for h in range(n_v):
-            kt, qt = k[i, h % n_k], q[i, h % n_k]
+            hk = h // (n_v // n_k) if grouped else h % n_k
+            kt, qt = k[i, hk], q[i, hk]
             m[h] *= np.exp(g[i, h])
             m[h] += beta[i, h] * np.outer(v[i, h] - m[h] @ kt, kt)
             out[i, h] = m[h] @ qt / np.sqrt(size)
     return out
 
 
-def forward_qwen35(md, w, tokens, neox_override=None, route_record=None, routes=None) -> np.ndarray:
+def forward_qwen35(md, w, tokens, neox_override=None, route_record=None, routes=None, grouped=False) -> np.ndarray:
     """Qwen3.5: gated delta nets, and every full_attention_interval-th layer a gated attention (its output
     times sigmoid of a gate that attn_q gives beside each head's queries); RoPE (NeoX pairing) on the
     first rope.dimension_count dims of each head; SwiGLU feed-forwards after post_attention_norm, or
-    (qwen35moe) experts renormalised over the chosen ones plus a sigmoid-gated shared expert."""
+    (qwen35moe) experts renormalised over the chosen ones plus a sigmoid-gated shared expert. Qwen3-Next
+    (grouped): a value head reads the key head whose group it is in; its files may hold ssm_in (per key
+    head: q, k, its value heads' v, their z) and ssm_ba (per key head: beta rows, alpha rows)."""
     n_layer, n_embd = md("block_count"), md("embedding_length")
     n_head, n_kv = md("attention.head_count"), md("attention.head_count_kv")
     head_dim, n_rot = md("attention.key_length"), md("rope.dimension_count")
@@ -376,17 +380,29 @@ def forward_qwen35(md, w, tokens, neox_override=None, route_record=None, routes=
         p = f"blk.{il}."
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)
         if (il + 1) % interval:  # a gated delta net
-            qkv = causal_conv(h @ w[p + "attn_qkv.weight"].T, w[p + "ssm_conv1d.weight"])
-            qkv = silu(qkv)
+            r = n_v // n_k
+            if p + "ssm_in.weight" in w:
+                qkvz = (h @ w[p + "ssm_in.weight"].T).reshape(t, n_k, -1)
+                parts = np.split(qkvz, [size, 2 * size, 2 * size + size * r], axis=2)  # q, k, v, z per key head
+                mixed = np.concatenate([a.reshape(t, -1) for a in parts[:3]], axis=1)
+                z = parts[3].reshape(t, -1)
+            else:
+                mixed, z = h @ w[p + "attn_qkv.weight"].T, h @ w[p + "attn_gate.weight"].T
+            if p + "ssm_ba.weight" in w:
+                ba = (h @ w[p + "ssm_ba.weight"].T).reshape(t, n_k, 2 * r)
+                b_proj, a_proj = ba[..., :r].reshape(t, n_v), ba[..., r:].reshape(t, n_v)
+            else:
+                b_proj, a_proj = h @ w[p + "ssm_beta.weight"].T, h @ w[p + "ssm_alpha.weight"].T
+            qkv = silu(causal_conv(mixed, w[p + "ssm_conv1d.weight"]))
             q, k, v = np.split(qkv, [n_k * size, 2 * n_k * size], axis=1)
             q, k = (a.reshape(t, n_k, size) for a in (q, k))
             q = q / np.sqrt((q * q).sum(-1, keepdims=True) + eps)
             k = k / np.sqrt((k * k).sum(-1, keepdims=True) + eps)
-            g = softplus(h @ w[p + "ssm_alpha.weight"].T + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]
-            beta = 1.0 / (1.0 + np.exp(-(h @ w[p + "ssm_beta.weight"].T)))
-            o = gated_delta_rule(q, k, v.reshape(t, n_v, size), g, beta)
+            g = softplus(a_proj + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]
+            beta = 1.0 / (1.0 + np.exp(-b_proj))
+            o = gated_delta_rule(q, k, v.reshape(t, n_v, size), g, beta, grouped)
             o = rms_norm(o, w[p + "ssm_norm.weight"], eps).reshape(t, n_v * size)
-            o = (o * silu(h @ w[p + "attn_gate.weight"].T)) @ w[p + "ssm_out.weight"].T
+            o = (o * silu(z)) @ w[p + "ssm_out.weight"].T
         else:  # attention, each head's queries followed by its gate in attn_q
             qg = (h @ w[p + "attn_q.weight"].T).reshape(t, n_head, 2, head_dim)
             q, gate = qg[:, :, 0], qg[:, :, 1]

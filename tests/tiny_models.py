@@ -102,6 +102,7 @@ class TinyArch:
     n_used: int = 0
     n_ff_expert: int = 0
     shared_expert: bool = False
+    router_std: float = 0.5  # the router's weights (larger: the experts' scores further apart)
     ff_from_used: bool = False  # the architecture's default expert width is feed_forward_length / n_used
     architecture: str = ""  # general.architecture when it is not the entry's name (Mixtral: llama)
     kv_as_query: bool = False  # as many KV heads as query heads (OLMoE: llama.cpp assumes it)
@@ -120,8 +121,11 @@ class TinyArch:
     ssm_groups: int = 2
     ssm_heads: int = 4
     ssm_conv: int = 4
+    ssm_in: bool = False  # Qwen3-Next's first GGUF layout: one ssm_in (q, k, v, z per key head) and ssm_ba
+    rope_sections: bool = True  # Qwen3.5's rope.dimension_sections (Qwen3-Next has none)
 
 
+ROUTER_STD = 0.3
 TINY_ARCHS = {
     "llama": TinyArch(output=True, rope_freqs=True),
     "qwen2": TinyArch(qkv_bias=True),
@@ -184,6 +188,15 @@ TINY_ARCHS = {
     "qwen35moe": TinyArch(n_layer=2, qk_norm="head", attention_interval=2, ffn_norm_name="post_attention_norm",
                           rope_base=10000000.0, output=True, n_expert=8, n_used=2, ff_from_used=True,
                           shared_expert=True, metadata={"full_attention_interval": 2}),
+    # Qwen3-Next: Qwen3.5's MoE in its earlier form, in the layout of llama.cpp's first converter (ssm_in,
+    # ssm_ba), value heads grouped by key head, RoPE without sections; router weights 0.7 (the others'
+    # 0.5): at 0.5 (or 0.3) 5-6 of the 48 oracle rows had a route within the oracle's 0.1 margin on some
+    # type, at 0.7 at most 3 (at 1.0 also 3, but the sharper routing moved the logits further from the
+    # float64 reference: worst rows up to 0.32)
+    "qwen3next": TinyArch(n_layer=2, qk_norm="head", attention_interval=2, ffn_norm_name="post_attention_norm",
+                          rope_base=10000000.0, output=True, n_expert=8, n_used=2, ff_from_used=True,
+                          shared_expert=True, ssm_in=True, rope_sections=False, router_std=0.7,
+                          metadata={"full_attention_interval": 2}),
     "gemma4moe": TinyArch(architecture="gemma4", n_layer=4, rope_base=1000000.0, qk_norm="head", post_norms=True,
                           embd_std=0.2, rope_freqs=True, pattern=(True, False, True, False), local_head_dim=64,
                           output_scale=True, qk_norm_mean=0.25, n_expert=4, n_used=2, n_ff_expert=256,
@@ -260,7 +273,8 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
     ssm_state = spec.ssm_state or HEAD_DIM
     if spec.attention_interval:  # RoPE on half of each head's dims (Qwen3.5's files: a quarter)
         w.add(f"{arch}.rope.dimension_count", HEAD_DIM // 2, ValueType.UINT32)
-        w.add(f"{arch}.rope.dimension_sections", np.array([6, 5, 5, 0], dtype=np.int32))
+        if spec.rope_sections:
+            w.add(f"{arch}.rope.dimension_sections", np.array([6, 5, 5, 0], dtype=np.int32))
         for key, value in (("ssm.conv_kernel", spec.ssm_conv), ("ssm.state_size", ssm_state),
                            ("ssm.group_count", spec.ssm_groups), ("ssm.time_step_rank", spec.ssm_heads),
                            ("ssm.inner_size", spec.ssm_heads * ssm_state)):
@@ -311,11 +325,17 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
         decay's and the write strength's projections (ssm_alpha, ssm_beta) with the decay's bias and rate
         (ssm_dt.bias, ssm_a = -exp(A_log)), the output's per-head norm and projection."""
         key_dim, value_dim = spec.ssm_groups * ssm_state, spec.ssm_heads * ssm_state
-        matrix(p + "attn_qkv.weight", N_EMBD, 2 * key_dim + value_dim)
-        matrix(p + "attn_gate.weight", N_EMBD, value_dim)
+        if spec.ssm_in:
+            matrix(p + "ssm_in.weight", N_EMBD, 2 * key_dim + 2 * value_dim)
+        else:
+            matrix(p + "attn_qkv.weight", N_EMBD, 2 * key_dim + value_dim)
+            matrix(p + "attn_gate.weight", N_EMBD, value_dim)
         w.add_tensor(p + "ssm_conv1d.weight", rng.normal(0, 0.3, (2 * key_dim + value_dim, spec.ssm_conv)).astype(np.float32))
-        matrix(p + "ssm_alpha.weight", N_EMBD, spec.ssm_heads, std=0.1)
-        matrix(p + "ssm_beta.weight", N_EMBD, spec.ssm_heads, std=0.1)
+        if spec.ssm_in:
+            matrix(p + "ssm_ba.weight", N_EMBD, 2 * spec.ssm_heads, std=0.1)
+        else:
+            matrix(p + "ssm_alpha.weight", N_EMBD, spec.ssm_heads, std=0.1)
+            matrix(p + "ssm_beta.weight", N_EMBD, spec.ssm_heads, std=0.1)
         vector(p + "ssm_dt.bias", spec.ssm_heads, mean=0.0, std=1.0)
         w.add_tensor(p + "ssm_a", (-np.exp(rng.normal(0, 0.5, spec.ssm_heads))).astype(np.float32))
         vector(p + "ssm_norm.weight", ssm_state)
@@ -371,7 +391,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
             matrix(p + "ffn_up.weight", N_EMBD, N_FF)
         elif spec.n_expert:
             expert_ff = spec.n_ff_expert or (N_FF // spec.n_used if spec.ff_from_used else N_FF)
-            experts(p, expert_ff, spec.n_expert)
+            experts(p, expert_ff, spec.n_expert, router_std=spec.router_std)
             if spec.shared_expert:
                 vector(p + "ffn_gate_inp_shexp.weight", N_EMBD, mean=0.0, std=0.1)
                 matrix(p + "ffn_gate_shexp.weight", N_EMBD, N_FF)

@@ -206,10 +206,11 @@ class Backend(ABC):
         at a sequence's start), out float32[T, C] (not x)."""
 
     @abstractmethod
-    def delta_net(self, q, k, v, g: np.ndarray, beta: np.ndarray, state, out) -> None:
+    def delta_net(self, q, k, v, g: np.ndarray, beta: np.ndarray, state, out, grouped: bool = False) -> None:
         """The gated delta rule over T tokens of one sequence, the state carried in place (Qwen3.5's and
         Qwen3-Next's linear attention, ggml_gated_delta_net). Per value head h and token t, with M =
-        state[h] [S (value), S (key)] and key head h % Hk:
+        state[h] [S (value), S (key)] and key head h % Hk (Qwen3.5), or h // (Hv / Hk) when `grouped`
+        (Qwen3-Next: each key head's value heads side by side):
             M <- exp(g[t, h]) M;  d = beta[t, h] (v[t, h] - M k[t]);  M <- M + d k[t]^T;
             out[t, h] = (M q[t]) / sqrt(S).
         q, k float32[T, Hk, S] (L2-normalised by the caller), v and out float32[T, Hv, S], state

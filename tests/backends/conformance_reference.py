@@ -280,14 +280,16 @@ def short_conv_reference(x, weight, window, silu):
     return out, bound, xin[x.shape[0] :].astype(np.float32)
 
 
-def delta_net_reference(q, k, v, g, beta, state):
+def delta_net_reference(q, k, v, g, beta, state, grouped=False):
     """(out [T, Hv, S], the state after [Hv, S, S]) of Backend.delta_net, token by token in float64."""
     m = state.astype(np.float64).copy()
     out = np.zeros(v.shape, dtype=np.float64)
     n_k, scale = q.shape[1], 1.0 / np.sqrt(q.shape[2])
+    group = m.shape[0] // n_k
     for t in range(q.shape[0]):
         for h in range(m.shape[0]):
-            kt, qt = k[t, h % n_k].astype(np.float64), q[t, h % n_k].astype(np.float64)
+            hk = h // group if grouped else h % n_k
+            kt, qt = k[t, hk].astype(np.float64), q[t, hk].astype(np.float64)
             m[h] *= np.exp(np.float64(g[t, h]))
             d = np.float64(beta[t, h]) * (v[t, h].astype(np.float64) - m[h] @ kt)
             m[h] += np.outer(d, kt)

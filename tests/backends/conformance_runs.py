@@ -176,7 +176,7 @@ def short_conv(backend, x_parts, weight, silu):
     return {"outs": outs, "window": backend.to_host(window).copy()}
 
 
-def delta_net(backend, parts, state):
+def delta_net(backend, parts, state, grouped=False):
     """delta_net over consecutive parts of one sequence, each a dict of q, k, v, g, beta (float32
     [T_i, ...]), the state carried from `state`; returns each part's output and the state after."""
     device_state = to_backend(backend, state)
@@ -184,7 +184,7 @@ def delta_net(backend, parts, state):
     for part in parts:
         out = backend.alloc(part["v"].shape)
         backend.delta_net(to_backend(backend, part["q"]), to_backend(backend, part["k"]), to_backend(backend, part["v"]),
-                          part["g"], part["beta"], device_state, out)
+                          part["g"], part["beta"], device_state, out, grouped)
         outs.append(backend.to_host(out).copy())
     return {"outs": outs, "state": backend.to_host(device_state).copy()}
 

@@ -478,18 +478,20 @@ def delta_net_inputs(rng, n_tokens, n_k, n_v, size):
 DELTA_NET_TOLERANCE = 2e-6
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["tiled", "grouped"])
 @pytest.mark.parametrize("backend_name", BACKEND_NAMES)
-def test_delta_net_matches_the_token_loop(targets, backend_name):
+def test_delta_net_matches_the_token_loop(targets, backend_name, grouped):
     """A 70-token prompt (past the CPU's 64-token chunk: two chunks), two decode steps and a 5-token
-    chunk of one sequence, four value heads on two key heads, from a nonzero state: each output and
-    the state after, against the float64 token loop."""
-    rng = rng_for("delta_net", backend_name)
+    chunk of one sequence, four value heads on two key heads (tiled: h % 2, Qwen3.5; grouped: h // 2,
+    Qwen3-Next), from a nonzero state: each output and the state after, against the float64 token loop."""
+    rng = rng_for("delta_net", backend_name, grouped)
     n_k, n_v, size = 2, 4, 16
     parts = [delta_net_inputs(rng, n, n_k, n_v, size) for n in (70, 1, 1, 5)]
     state = rng.normal(0, 0.3, (n_v, size, size)).astype(np.float32)
-    got = targets[backend_name].run("delta_net", parts=parts, state=state)
+    got = targets[backend_name].run("delta_net", parts=parts, state=state, grouped=grouped)
     whole = {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
-    ref_out, ref_state = delta_net_reference(whole["q"], whole["k"], whole["v"], whole["g"], whole["beta"], state)
+    ref_out, ref_state = delta_net_reference(whole["q"], whole["k"], whole["v"], whole["g"], whole["beta"], state,
+                                             grouped)
     out = np.concatenate(got["outs"])
     assert np.abs(out - ref_out).max() <= DELTA_NET_TOLERANCE, np.abs(out - ref_out).max()
     assert np.abs(got["state"] - ref_state).max() <= DELTA_NET_TOLERANCE, np.abs(got["state"] - ref_state).max()

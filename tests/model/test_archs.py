@@ -42,12 +42,13 @@ DECODE_RTOL_QUANT = 4e-2
 # and ours 0.019 from llama.cpp's). So the worst row gets MOE_RTOL_QUANT and the median row the dense
 # families' DECODE_RTOL_QUANT; the llama.cpp oracle (test_llamacpp_archs.py) holds them to 4e-2.
 MOE_RTOL_QUANT = 0.15
-# The tiny hybrid (Qwen3.5's delta nets) with quantized weights likewise: its worst row is 3-15% from the
-# float64 reference for every type (every quantized type, four seeds: up to 0.146, Q4_K seed 0, where
-# llama.cpp's own logits are 0.139 from the reference on the same row and ours 0.027 from llama.cpp's;
-# median rows at most 0.031). The 8-bit activations feed the delta nets' L2-normalised keys and their
-# state, which carries each token's rounding into every later one. The worst row gets HYBRID_RTOL_QUANT,
-# the median row DECODE_RTOL_QUANT; the llama.cpp oracle holds the hybrid to its 4e-2.
+# The tiny hybrids (Qwen3.5's delta nets) with quantized weights likewise: the dense one's worst row is
+# 3-15% from the float64 reference for every type (every quantized type, four seeds: up to 0.146, Q4_K
+# seed 0, where llama.cpp's own logits are 0.139 from the reference on the same row and ours 0.027 from
+# llama.cpp's; median rows at most 0.031); with experts (qwen35moe, qwen3next: three or four seeds) up
+# to 0.18, medians at most 0.026. The 8-bit activations feed the delta nets' L2-normalised keys and
+# their state, which carries each token's rounding into every later one. The worst row gets
+# HYBRID_RTOL_QUANT, the median row DECODE_RTOL_QUANT; the llama.cpp oracle holds the hybrids to its 4e-2.
 HYBRID_RTOL_QUANT = 0.25
 
 
@@ -82,6 +83,11 @@ def reference_logits(path, tokens, neox_override=None, **moe_options):
 # (measured: every tiny mixture of experts, Q2_K to Q5_K and IQ4_XS, 10 seeds each; Gemma 4's the most,
 # Qwen3-MoE's 0.08): twice that is clear.
 ROUTE_MARGIN_FLOAT, ROUTE_MARGIN_QUANT = 1e-4, 0.3
+# In the hybrids with quantized weights the delta nets carry the 8-bit activations' rounding along the
+# sequence: routes moved by up to 0.41 of the spread (qwen3next Q2_K; four seeds, every quantized type),
+# and above that margin too few of a short prompt's rows remain to check. There the choices are left to
+# the llama.cpp oracle (test_llamacpp_archs.py: its activations are rounded as ours, and it checks every
+# route clear of 0.1); the reference still runs with our choices.
 
 
 class RouteRecorder:
@@ -115,7 +121,10 @@ def reference_with_our_routes(path, arch, qtype, tokens, recorder=None):
     record: list = []
     reference_logits(path, tokens, route_record=record)
     ours = recorder.per_layer(len(record))
-    floor = ROUTE_MARGIN_FLOAT if quant.get(qtype).act == "f32" else ROUTE_MARGIN_QUANT
+    floats = quant.get(qtype).act == "f32"
+    floor = ROUTE_MARGIN_FLOAT if floats else ROUTE_MARGIN_QUANT
+    if TINY_ARCHS[arch].attention_interval and not floats:
+        record = []  # the hybrids' choices: the llama.cpp oracle's to check (above)
     for il, ((theirs, margins, spread), mine) in enumerate(zip(record, ours)):
         clear = margins >= floor * spread
         same = (np.sort(theirs, axis=1) == np.sort(mine, axis=1)).all(axis=1)
@@ -138,7 +147,7 @@ def prefill_tolerance(qtype: str, n_tokens: int, arch: str = "llama") -> float:
 
 def quant_tolerance(arch: str) -> float:
     spec = TINY_ARCHS[arch]
-    return MOE_RTOL_QUANT if spec.n_expert else HYBRID_RTOL_QUANT if spec.attention_interval else DECODE_RTOL_QUANT
+    return HYBRID_RTOL_QUANT if spec.attention_interval else MOE_RTOL_QUANT if spec.n_expert else DECODE_RTOL_QUANT
 
 
 def assert_close(ours, ref, tolerance: float) -> None:

@@ -77,14 +77,14 @@ def short_conv_window(x, window):
 
 
 @exact_kernel(parallel=True)
-def delta_net_steps(q, k, v, g, beta, state, out, scale):
+def delta_net_steps(q, k, v, g, beta, state, out, scale, group):
     """The gated delta rule token by token (module docstring). q, k float32[T, Hk, S]; v, out
     float32[T, Hv, S]; g, beta float32[T, Hv]; state float32[Hv, S, S], updated in place. Value head h
-    reads key head h % Hk (ggml_repeat's tiling, as llama.cpp's op reads it)."""
+    reads key head h % Hk (group 0: ggml_repeat's tiling, as llama.cpp's op reads it), or h // group."""
     n_k = q.shape[1]
     for h in prange(state.shape[0]):
         m = state[h]
-        hk = h % n_k
+        hk = h // group if group else h % n_k
         for t in range(q.shape[0]):
             decay = np.float32(math.exp(g[t, h]))
             b = beta[t, h]
@@ -104,12 +104,12 @@ def delta_net_steps(q, k, v, g, beta, state, out, scale):
 
 
 @exact_kernel(parallel=True)
-def delta_net_chunks(q, k, v, g, beta, state, out, scale):
+def delta_net_chunks(q, k, v, g, beta, state, out, scale, group):
     """delta_net_steps' result computed CHUNK tokens at a time (module docstring); same arguments."""
     n_k, n_tokens, size = q.shape[1], q.shape[0], q.shape[2]
     for h in prange(state.shape[0]):
         m = state[h]
-        hk = h % n_k
+        hk = h // group if group else h % n_k
         cum = np.empty(CHUNK + 1, dtype=np.float64)
         dots = np.empty((CHUNK, CHUNK), dtype=np.float64)
         d = np.empty((CHUNK, size), dtype=np.float64)

@@ -321,13 +321,15 @@ class CUDABackend(Backend):
     def short_conv(self, x, weight, window, out, silu) -> None:
         self._k.short_conv[self._grid(x.shape[1])](x, self._device(weight), window, out, bool(silu))
 
-    def delta_net(self, q, k, v, g, beta, state, out) -> None:
+    def delta_net(self, q, k, v, g, beta, state, out, grouped=False) -> None:
         """Token by token for a prompt too: each thread's row carries through the tokens (the CPU
         backend's chunked form is the same rule in another order)."""
         g_device = self.cuda.to_device(np.ascontiguousarray(g, dtype=np.float32))
         beta_device = self.cuda.to_device(np.ascontiguousarray(beta, dtype=np.float32))
         scale = np.float32(1.0 / np.sqrt(q.shape[2]))
-        self._k.delta_net[self._grid(state.shape[0] * state.shape[1])](q, k, v, g_device, beta_device, state, out, scale)
+        group = state.shape[0] // q.shape[1] if grouped else 0
+        self._k.delta_net[self._grid(state.shape[0] * state.shape[1])](q, k, v, g_device, beta_device, state, out, scale,
+                                                                        group)
 
     def add(self, a, b, out) -> None:
         self._k.add[self._grid(a.size)](_rows(a), _rows(b), _rows(out))

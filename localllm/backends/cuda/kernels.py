@@ -284,15 +284,15 @@ def short_conv(x, weight, window, out, silu):
 
 
 @cuda.jit
-def delta_net(q, k, v, g, beta, state, out, scale):
+def delta_net(q, k, v, g, beta, state, out, scale, group):
     """The gated delta rule token by token (Backend.delta_net): a thread per (value head, state row j),
-    each updating its own row of the head's state (rows are independent)."""
+    each updating its own row of the head's state (rows are independent). Key head h % Hk, or h // group."""
     size = state.shape[1]
     n_k = q.shape[1]
     for job in range(cuda.grid(1), state.shape[0] * size, cuda.gridsize(1)):
         h = job // size
         j = job % size
-        hk = h % n_k
+        hk = h // group if group else h % n_k
         row = state[h, j]
         for t in range(q.shape[0]):
             decay = np.float32(math.exp(g[t, h]))

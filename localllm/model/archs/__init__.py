@@ -24,6 +24,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "gpt-oss": ("gpt_oss", "GptOss"),
     "qwen35": ("qwen35", "Qwen35"),
     "qwen35moe": ("qwen35moe", "Qwen35Moe"),
+    "qwen3next": ("qwen3next", "Qwen3Next"),
 }
 
 

@@ -119,6 +119,7 @@ class Qwen35(Decoder):
     ROPE_NEOX = True
     QK_NORM = True
     FFN_NORM = "post_attention_norm"
+    DELTA_NET_GROUPED = False  # value head h reads key head h % Hk (True: h // (Hv / Hk), Backend.delta_net)
 
     def read_extra(self, reader) -> None:
         super().read_extra(reader)
@@ -176,19 +177,27 @@ class Qwen35(Decoder):
         return [TensorSpec(p + "attn_q.weight", (hp.n_embd, hp.n_head * hp.head_dim)),  # replaced in block_specs
                 TensorSpec(p + "attn_k.weight", (hp.n_embd, kv)), TensorSpec(p + "attn_v.weight", (hp.n_embd, kv))]
 
-    def _delta_net_specs(self, il: int) -> list[TensorSpec]:
+    def delta_net_projections(self, il: int) -> list[TensorSpec]:
+        """The delta net's input projections, as the model reads them: attn_qkv.q, .k, .v (row ranges of
+        attn_qkv), attn_gate.weight (z), ssm_alpha.weight and ssm_beta.weight."""
         hp, dn, p = self.hp, self.dn, f"blk.{il}."
-        conv_dim = 2 * dn.key_dim + dn.value_dim
-        qkv = dict(fused=p + "attn_qkv.weight", fused_shape=(hp.n_embd, conv_dim))
+        qkv = dict(fused=p + "attn_qkv.weight", fused_shape=(hp.n_embd, 2 * dn.key_dim + dn.value_dim))
         return [
-            TensorSpec(p + "attn_norm.weight", (hp.n_embd,), vector=True),
             TensorSpec(p + "attn_qkv.q", (hp.n_embd, dn.key_dim), first_row=0, **qkv),
             TensorSpec(p + "attn_qkv.k", (hp.n_embd, dn.key_dim), first_row=dn.key_dim, **qkv),
             TensorSpec(p + "attn_qkv.v", (hp.n_embd, dn.value_dim), first_row=2 * dn.key_dim, **qkv),
             TensorSpec(p + "attn_gate.weight", (hp.n_embd, dn.value_dim)),
-            TensorSpec(p + "ssm_conv1d.weight", (dn.conv_kernel, conv_dim), vector=True),
             TensorSpec(p + "ssm_alpha.weight", (hp.n_embd, dn.n_v)),
             TensorSpec(p + "ssm_beta.weight", (hp.n_embd, dn.n_v)),
+        ]
+
+    def _delta_net_specs(self, il: int) -> list[TensorSpec]:
+        hp, dn, p = self.hp, self.dn, f"blk.{il}."
+        conv_dim = 2 * dn.key_dim + dn.value_dim
+        return [
+            TensorSpec(p + "attn_norm.weight", (hp.n_embd,), vector=True),
+            *self.delta_net_projections(il),
+            TensorSpec(p + "ssm_conv1d.weight", (dn.conv_kernel, conv_dim), vector=True),
             TensorSpec(p + "ssm_dt.bias", (dn.n_v,), vector=True),
             TensorSpec(p + "ssm_a", (dn.n_v,), vector=True),
             TensorSpec(p + "ssm_norm.weight", (dn.size,), vector=True),
@@ -240,7 +249,8 @@ class Qwen35(Decoder):
         g = (softplus(ops.to_host(a["alpha"]) + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]).astype(np.float32)
         beta = (1.0 / (1.0 + np.exp(-ops.to_host(a["beta"])))).astype(np.float32)
         for r0, r1, buffers in segments:
-            ops.delta_net(a["q"][r0:r1], a["k"][r0:r1], a["v"][r0:r1], g[r0:r1], beta[r0:r1], buffers[3], a["out"][r0:r1])
+            ops.delta_net(a["q"][r0:r1], a["k"][r0:r1], a["v"][r0:r1], g[r0:r1], beta[r0:r1], buffers[3], a["out"][r0:r1],
+                          self.DELTA_NET_GROUPED)
         ops.rms_norm(a["out"], w[p + "ssm_norm.weight"], eps, a["out"])
         self.linear(b, w[p + "attn_gate.weight"], x, a["z"])
         out = a["out"].reshape(t, -1)
