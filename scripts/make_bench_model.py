@@ -10,6 +10,13 @@ gpt-oss-20b (`--shape gpt-oss-20b`, architecture gpt-oss): 24 layers (the speed 
 which 4 per token, every other layer windowed to 128 positions, a 201,088-token vocabulary; in
 llama-quantize's MXFP4_MOE mix as OpenAI's files are: experts MXFP4, every other matrix Q8_0.
 
+Qwen3.5-4B (`--shape qwen3.5-4b`, architecture qwen35): 32 layers, 2560 embedding, 9216 feed-forward; every
+fourth layer attention (16 query heads over 4 KV heads of 256, an output gate beside each head's
+queries, RoPE on 64 of each head's dims in three interleaved sections, base 10,000,000), the others gated
+delta nets (16 key heads and 32 value heads of 128, a 4-long convolution); a 248,320-token vocabulary,
+the output tied to the embeddings. Each tensor in the type llama-quantize's Q4_K_M gives it (our
+quantize's recipe, localllm/quantize/recipes.py: byte-identical to llama-quantize's on the tiny hybrids).
+
 Qwen3-30B-A3B (`--shape qwen3-30b-a3b`, architecture qwen3moe): 48 layers (the speed issue uses the first
 16: ~6 GB), 2048 embedding, 32 query heads over 4 KV heads of 128 with per-head Q/K norms, 128 experts of
 768 of which 8 per token, a 151,936-token vocabulary, RoPE base 1,000,000. The router (`ffn_gate_inp`)
@@ -44,6 +51,9 @@ N_VOCAB, N_SPECIAL = 128_256, 256
 # Qwen3-30B-A3B
 MOE_EMBD, MOE_HEAD, MOE_KV, MOE_EXPERTS, MOE_USED, MOE_FF, MOE_VOCAB = 2048, 32, 4, 128, 8, 768, 151_936
 F16_FIELDS = {"Q4_K": (0, 2), "Q6_K": (208,), "Q8_0": (0,)}  # byte offsets of the float16 scales per block
+# Qwen3.5-4B
+Q35_EMBD, Q35_FF, Q35_HEAD, Q35_KV, Q35_HEAD_DIM, Q35_VOCAB = 2560, 9216, 16, 4, 256, 248_320
+Q35_K_HEADS, Q35_V_HEADS, Q35_STATE, Q35_CONV = 16, 32, 128, 4
 # gpt-oss-20b
 OSS_EMBD, OSS_HEAD, OSS_KV, OSS_HEAD_DIM, OSS_EXPERTS, OSS_USED, OSS_VOCAB = 2880, 64, 8, 64, 32, 4, 201_088
 
@@ -165,6 +175,57 @@ def write_qwen3_moe(path: str, n_layer: int, rng) -> str:
     return w.write()
 
 
+def write_qwen35(path: str, n_layer: int, rng) -> str:
+    """The Qwen3.5-4B shape's first n_layer layers (module docstring)."""
+    from localllm.quantize.recipes import ModelShape, TensorSpec, choose_types
+
+    e, d, s = Q35_EMBD, Q35_HEAD_DIM, Q35_STATE
+    key_dim, value_dim = Q35_K_HEADS * s, Q35_V_HEADS * s
+    w = GGUFWriter(path)
+    w.add("general.architecture", "qwen35")
+    w.add("general.name", "bench-qwen3.5-4b-shaped")
+    w.add("general.file_type", 15, ValueType.UINT32)  # Q4_K_M
+    for key, value in {
+        "context_length": 262144, "embedding_length": e, "block_count": n_layer, "feed_forward_length": Q35_FF,
+        "attention.head_count": Q35_HEAD, "attention.head_count_kv": Q35_KV, "attention.key_length": d,
+        "attention.value_length": d, "rope.dimension_count": d // 4, "ssm.conv_kernel": Q35_CONV,
+        "ssm.state_size": s, "ssm.group_count": Q35_K_HEADS, "ssm.time_step_rank": Q35_V_HEADS,
+        "ssm.inner_size": value_dim, "full_attention_interval": 4,
+    }.items():
+        w.add(f"qwen35.{key}", value, ValueType.UINT32)
+    w.add("qwen35.rope.dimension_sections", np.array([11, 11, 10, 0], dtype=np.int32))
+    w.add("qwen35.rope.freq_base", 10000000.0)
+    w.add("qwen35.attention.layer_norm_rms_epsilon", 1e-6)
+    add_tokenizer(w, Q35_VOCAB)
+    matrices = [("token_embd.weight", e, Q35_VOCAB)]  # (name, n_in, n_out) in llama-quantize's order
+    vectors = {"output_norm.weight": np.ones(e, np.float32)}
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        if (il + 1) % 4:
+            matrices += [(p + "attn_gate.weight", e, value_dim), (p + "attn_qkv.weight", e, 2 * key_dim + value_dim),
+                         (p + "ssm_alpha.weight", e, Q35_V_HEADS), (p + "ssm_beta.weight", e, Q35_V_HEADS),
+                         (p + "ssm_out.weight", value_dim, e)]
+            vectors[p + "ssm_conv1d.weight"] = rng.normal(0, 0.3, (2 * key_dim + value_dim, Q35_CONV)).astype(np.float32)
+            vectors[p + "ssm_a"] = (-np.exp(rng.normal(0, 0.5, Q35_V_HEADS))).astype(np.float32)
+            vectors[p + "ssm_dt.bias"] = rng.normal(0, 1, Q35_V_HEADS).astype(np.float32)
+            vectors[p + "ssm_norm.weight"] = np.ones(s, np.float32)
+        else:
+            matrices += [(p + "attn_k.weight", e, Q35_KV * d), (p + "attn_output.weight", Q35_HEAD * d, e),
+                         (p + "attn_q.weight", e, 2 * Q35_HEAD * d), (p + "attn_v.weight", e, Q35_KV * d)]
+            vectors[p + "attn_q_norm.weight"] = np.ones(d, np.float32)
+            vectors[p + "attn_k_norm.weight"] = np.ones(d, np.float32)
+        matrices += [(p + "ffn_down.weight", Q35_FF, e), (p + "ffn_gate.weight", e, Q35_FF), (p + "ffn_up.weight", e, Q35_FF)]
+        vectors[p + "attn_norm.weight"] = np.ones(e, np.float32)
+        vectors[p + "post_attention_norm.weight"] = np.ones(e, np.float32)
+    specs = [TensorSpec(name, (n_in, n_out), "F32") for name, n_in, n_out in matrices]
+    types = choose_types(specs, "Q4_K_M", ModelShape("qwen35", n_layer, Q35_HEAD, Q35_KV))
+    for (name, n_in, n_out), qtype in zip(matrices, types):
+        w.add_tensor(name, random_matrix(rng, n_out, n_in, qtype, zero_mean=True), qtype, shape=(n_in, n_out))
+    for name, values in vectors.items():
+        w.add_tensor(name, values)
+    return w.write()
+
+
 def write_gpt_oss(path: str, n_layer: int, rng) -> str:
     """The gpt-oss-20b shape's first n_layer layers (module docstring)."""
     e, d, n, f = OSS_EMBD, OSS_HEAD_DIM, OSS_EXPERTS, OSS_EMBD
@@ -211,14 +272,15 @@ def write_gpt_oss(path: str, n_layer: int, rng) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path")
-    parser.add_argument("--shape", choices=("llama3-8b", "qwen3-30b-a3b", "gpt-oss-20b"), default="llama3-8b")
+    parser.add_argument("--shape", choices=("llama3-8b", "qwen3-30b-a3b", "gpt-oss-20b", "qwen3.5-4b"), default="llama3-8b")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(args.seed)
     n_layer = args.layers
-    if args.shape in ("qwen3-30b-a3b", "gpt-oss-20b"):
-        path = (write_qwen3_moe if args.shape == "qwen3-30b-a3b" else write_gpt_oss)(args.path, n_layer, rng)
+    writers = {"qwen3-30b-a3b": write_qwen3_moe, "gpt-oss-20b": write_gpt_oss, "qwen3.5-4b": write_qwen35}
+    if args.shape in writers:
+        path = writers[args.shape](args.path, n_layer, rng)
         print(f"wrote {path} ({os.path.getsize(path) / 1e9:.2f} GB)")
         return
 

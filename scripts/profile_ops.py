@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import localllm  # noqa: E402
 
 OPS = ("matmul", "matmul_rows", "embed", "rms_norm", "rope", "kv_store", "attention", "kv_store_paged", "attention_paged",
-       "gated_act", "add", "scale")
+       "gated_act", "add", "scale", "softcap", "take_rows", "matmul_experts", "combine_experts", "short_conv", "delta_net")
 
 
 class OpTimer:

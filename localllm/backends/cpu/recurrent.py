@@ -22,8 +22,9 @@ the chunk, M0 the state before it and all d solved at once:
     M = exp(G[n]) M0 + sum_s exp(G[n] - G[s]) d[s] k[s]^T
 
 The same arithmetic in another order: it agrees with the token loop within float32 rounding (the tests
-bound it), and every exp(G[t] - G[s]) is of a non-positive number, so nothing overflows. The small
-chunk-sized matrices (the dots and the triangular solve) are float64.
+bound it), and every exp(G[t] - G[s]) is of a non-positive number, so nothing overflows. Both forms are
+float32 with vectorised sums (fastmath: each dot product in partial sums across 16 lanes); the float64
+scalar loops they replaced took 14 ms of a 29 ms Qwen3.5-4B-shaped prompt token.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import math
 import numpy as np
 from numba import prange
 
-from ...jit import exact_kernel
+from ...jit import exact_kernel, fast_kernel
 
 CHUNK = 64  # tokens per chunk of delta_net_chunks (llama.cpp's chunk size for scalar gates)
 
@@ -76,11 +77,12 @@ def short_conv_window(x, window):
             window[j, :] = x[s - n_window]
 
 
-@exact_kernel(parallel=True)
+@fast_kernel(parallel=True)
 def delta_net_steps(q, k, v, g, beta, state, out, scale, group):
     """The gated delta rule token by token (module docstring). q, k float32[T, Hk, S]; v, out
     float32[T, Hv, S]; g, beta float32[T, Hv]; state float32[Hv, S, S], updated in place. Value head h
-    reads key head h % Hk (group 0: ggml_repeat's tiling, as llama.cpp's op reads it), or h // group."""
+    reads key head h % Hk (group 0: ggml_repeat's tiling, as llama.cpp's op reads it), or h // group.
+    Vectorised sums (fastmath): each dot product in 16-lane partial sums."""
     n_k = q.shape[1]
     for h in prange(state.shape[0]):
         m = state[h]
@@ -103,68 +105,88 @@ def delta_net_steps(q, k, v, g, beta, state, out, scale, group):
                 out[t, h, j] = o * scale
 
 
-@exact_kernel(parallel=True)
+@fast_kernel(parallel=True)
 def delta_net_chunks(q, k, v, g, beta, state, out, scale, group):
-    """delta_net_steps' result computed CHUNK tokens at a time (module docstring); same arguments."""
+    """delta_net_steps' result computed CHUNK tokens at a time (module docstring); same arguments. Every
+    inner loop runs along a contiguous row (vectorised, fastmath)."""
     n_k, n_tokens, size = q.shape[1], q.shape[0], q.shape[2]
     for h in prange(state.shape[0]):
         m = state[h]
         hk = h // group if group else h % n_k
-        cum = np.empty(CHUNK + 1, dtype=np.float64)
-        dots = np.empty((CHUNK, CHUNK), dtype=np.float64)
-        d = np.empty((CHUNK, size), dtype=np.float64)
+        cum = np.empty(CHUNK + 1, dtype=np.float32)
+        weight = np.empty(CHUNK, dtype=np.float32)
+        dots = np.empty((CHUNK, CHUNK), dtype=np.float32)
+        d = np.empty((CHUNK, size), dtype=np.float32)
+        mk = np.empty((CHUNK, size), dtype=np.float32)  # rows t: M0 k[t], then M0 q[t]
+        acc = np.empty(size, dtype=np.float32)
         for first in range(0, n_tokens, CHUNK):
             n = min(CHUNK, n_tokens - first)
             cum[0] = 0.0
             for t in range(n):
-                cum[t + 1] = cum[t] + np.float64(g[first + t, h])
+                cum[t + 1] = cum[t] + g[first + t, h]
+            # mk[t, j] = M0[j] . k[t]
+            for j in range(size):
+                row = m[j]
+                for t in range(n):
+                    kt = k[first + t, hk]
+                    s = np.float32(0.0)
+                    for i in range(size):
+                        s += row[i] * kt[i]
+                    mk[t, j] = s
             # d[t] = beta[t] (v[t] - exp(G[t]) M0 k[t]) - sum_{s<t} beta[t] exp(G[t]-G[s]) (k[t].k[s]) d[s]
             for t in range(n):
                 kt = k[first + t, hk]
-                for s in range(t):
-                    ks = k[first + s, hk]
-                    acc = 0.0
-                    for i in range(size):
-                        acc += np.float64(kt[i]) * np.float64(ks[i])
-                    dots[t, s] = acc
-                grow, b = math.exp(cum[t + 1]), np.float64(beta[first + t, h])
+                grow, b = np.float32(math.exp(cum[t + 1])), beta[first + t, h]
+                vt = v[first + t, h]
                 for j in range(size):
-                    row = m[j]
-                    acc = 0.0
+                    d[t, j] = b * (vt[j] - grow * mk[t, j])
+                for s_ in range(t):
+                    ks = k[first + s_, hk]
+                    dot = np.float32(0.0)
                     for i in range(size):
-                        acc += np.float64(row[i]) * np.float64(kt[i])
-                    d[t, j] = b * (np.float64(v[first + t, h, j]) - grow * acc)
-                for s in range(t):
-                    f = b * math.exp(cum[t + 1] - cum[s + 1]) * dots[t, s]
+                        dot += kt[i] * ks[i]
+                    f = b * np.float32(math.exp(cum[t + 1] - cum[s_ + 1])) * dot
+                    ds = d[s_]
+                    dt = d[t]
                     for j in range(size):
-                        d[t, j] -= f * d[s, j]
+                        dt[j] -= f * ds[j]
+            # mk[t, j] = M0[j] . q[t]
+            for j in range(size):
+                row = m[j]
+                for t in range(n):
+                    qt = q[first + t, hk]
+                    s = np.float32(0.0)
+                    for i in range(size):
+                        s += row[i] * qt[i]
+                    mk[t, j] = s
             # out[t] = scale (exp(G[t]) M0 q[t] + sum_{s<=t} exp(G[t]-G[s]) (q[t].k[s]) d[s])
             for t in range(n):
                 qt = q[first + t, hk]
-                grow = math.exp(cum[t + 1])
-                for s in range(t + 1):
-                    ks = k[first + s, hk]
-                    acc = 0.0
-                    for i in range(size):
-                        acc += np.float64(qt[i]) * np.float64(ks[i])
-                    dots[t, s] = acc * math.exp(cum[t + 1] - cum[s + 1])
+                grow = np.float32(math.exp(cum[t + 1]))
                 for j in range(size):
-                    row = m[j]
-                    acc = 0.0
+                    acc[j] = grow * mk[t, j]
+                for s_ in range(t + 1):
+                    ks = k[first + s_, hk]
+                    dot = np.float32(0.0)
                     for i in range(size):
-                        acc += np.float64(row[i]) * np.float64(qt[i])
-                    acc *= grow
-                    for s in range(t + 1):
-                        acc += dots[t, s] * d[s, j]
-                    out[first + t, h, j] = np.float32(acc * scale)
+                        dot += qt[i] * ks[i]
+                    f = dot * np.float32(math.exp(cum[t + 1] - cum[s_ + 1]))
+                    ds = d[s_]
+                    for j in range(size):
+                        acc[j] += f * ds[j]
+                o = out[first + t, h]
+                for j in range(size):
+                    o[j] = acc[j] * scale
             # M = exp(G[n]) M0 + sum_s exp(G[n]-G[s]) d[s] k[s]^T
-            total = math.exp(cum[n])
-            for s in range(n):
-                cum[s + 1] = math.exp(cum[n] - cum[s + 1])  # the weight of token s in the new state
+            total = np.float32(math.exp(cum[n]))
+            for s_ in range(n):
+                weight[s_] = np.float32(math.exp(cum[n] - cum[s_ + 1]))
             for j in range(size):
                 row = m[j]
                 for i in range(size):
-                    acc = np.float64(row[i]) * total
-                    for s in range(n):
-                        acc += cum[s + 1] * d[s, j] * np.float64(k[first + s, hk, i])
-                    row[i] = np.float32(acc)
+                    row[i] *= total
+                for s_ in range(n):
+                    c = weight[s_] * d[s_, j]
+                    ks = k[first + s_, hk]
+                    for i in range(size):
+                        row[i] += c * ks[i]
