@@ -163,7 +163,7 @@ def test_gemma_builtin_refuses_non_alternating_roles_like_the_official_one():
 # -- the published templates of the newer families, rendered in the sandbox --------------------------------
 #
 # The templates the GGUF files of Gemma 2, Gemma 4, Phi-3.5, Phi-4, Phi-4-mini, Granite 3.3, SmolLM3, Mistral
-# Small 3.2, Ministral 3, OLMo 2 and gpt-oss carry (tests/data/chat_templates/SOURCES.md), rendered by localllm's
+# Small 3.2, Ministral 3, OLMo 2, gpt-oss and Qwen3.5 carry (tests/data/chat_templates/SOURCES.md), rendered by localllm's
 # sandbox with a system message and tools where the template takes them: the text must be what plain jinja2
 # renders (HF's setup), and hold the family's role tags, the tool definitions and the generation prompt.
 
@@ -227,6 +227,14 @@ PUBLISHED = {
                        "type get_weather = (_: {\n// The city\ncity: string,\n}) => any;",
                        "<|start|>user<|message|>Hello<|end|>", "<|start|>assistant<|channel|>final<|message|>Hi there<|end|>"],
                       "<|start|>assistant"),
+    # Qwen3.5: ChatML with the tools (as JSON) and their XML call format ahead of the system message, and a
+    # generation prompt that opens the thinking block
+    "qwen3.5.jinja": ("", "<|im_end|>", SYSTEM, True,
+                      ["<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+                       + json.dumps(WEATHER_TOOL) + "\n</tools>", "<tool_call>\n<function=example_function_name>",
+                       "You are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n",
+                       "<|im_start|>assistant\nHi there<|im_end|>\n"],
+                      "<|im_start|>assistant\n<think>\n"),
     "olmo2.jinja": ("<|endoftext|>", "<|endoftext|>", SYSTEM, False,
                     ["<|endoftext|><|system|>\nYou are a helpful assistant\n<|user|>\nHello\n<|assistant|>\nHi there<|endoftext|>\n"],
                     "<|user|>\nWho are you\n<|assistant|>\n"),
