@@ -365,7 +365,7 @@ def forward_qwen35(md, w, tokens, neox_override=None, route_record=None, routes=
     (qwen35moe) experts renormalised over the chosen ones plus a sigmoid-gated shared expert. Qwen3-Next
     (grouped): a value head reads the key head whose group it is in; its files may hold ssm_in (per key
     head: q, k, its value heads' v, their z) and ssm_ba (per key head: beta rows, alpha rows)."""
-    n_layer, n_embd = md("block_count"), md("embedding_length")
+    n_layer, n_embd = md("block_count") - md("nextn_predict_layers", 0), md("embedding_length")  # the trunk
     n_head, n_kv = md("attention.head_count"), md("attention.head_count_kv")
     head_dim, n_rot = md("attention.key_length"), md("rope.dimension_count")
     eps, base = md("attention.layer_norm_rms_epsilon"), md("rope.freq_base")

@@ -123,6 +123,7 @@ class TinyArch:
     ssm_conv: int = 4
     ssm_in: bool = False  # Qwen3-Next's first GGUF layout: one ssm_in (q, k, v, z per key head) and ssm_ba
     rope_sections: bool = True  # Qwen3.5's rope.dimension_sections (Qwen3-Next has none)
+    mtp: bool = False  # a multi-token-prediction block after the trunk (nextn_predict_layers 1), as Qwen3.5's files have
 
 
 ROUTER_STD = 0.3
@@ -178,10 +179,11 @@ TINY_ARCHS = {
                         metadata={"attention.sliding_window": WINDOW, "rope.scaling.type": "yarn",
                                   "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 8,
                                   "rope.scaling.yarn_beta_fast": 32.0, "rope.scaling.yarn_beta_slow": 1.0}),
-    # Qwen3.5: four layers, delta nets 0 and 2, attention 1 and 3; RoPE on half of each head's dims
+    # Qwen3.5: four layers, delta nets 0 and 2, attention 1 and 3, then a multi-token-prediction block that
+    # a forward pass skips; RoPE on half of each head's dims
     # in three interleaved sections, as its files give them; feed-forward norm named post_attention_norm
     "qwen35": TinyArch(n_layer=4, qk_norm="head", attention_interval=2, ffn_norm_name="post_attention_norm",
-                       rope_base=10000000.0, output=True,
+                       rope_base=10000000.0, output=True, mtp=True,
                        metadata={"full_attention_interval": 2}),
     # Qwen3.5's mixture of experts: a delta net then an attention layer (the dense tiny Qwen3.5 has
     # two of each), eight experts (two per token, as wide as feed_forward_length / 2), a shared expert
@@ -239,7 +241,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
     shapes = {
         "context_length": 256,
         "embedding_length": N_EMBD,
-        "block_count": n_layer,
+        "block_count": n_layer + spec.mtp,
         "feed_forward_length": N_FF,
         "attention.head_count": N_HEAD,
         "attention.head_count_kv": N_KV,
@@ -271,6 +273,8 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
     if spec.n_ff_expert:
         w.add(f"{arch}.expert_feed_forward_length", spec.n_ff_expert, ValueType.UINT32)
     ssm_state = spec.ssm_state or HEAD_DIM
+    if spec.mtp:
+        w.add(f"{arch}.nextn_predict_layers", 1, ValueType.UINT32)
     if spec.attention_interval:  # RoPE on half of each head's dims (Qwen3.5's files: a quarter)
         w.add(f"{arch}.rope.dimension_count", HEAD_DIM // 2, ValueType.UINT32)
         if spec.rope_sections:
@@ -421,6 +425,17 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
             vector(p + "post_norm.weight", N_EMBD)
         if spec.output_scale:
             vector(p + "layer_output_scale.weight", 1, mean=0.8, std=0.1)
+    if spec.mtp:  # Qwen3.5's prediction block: an attention block with its input projection and norms
+        p = f"blk.{n_layer}."
+        for name in ("attn_norm", "post_attention_norm", "nextn.enorm", "nextn.hnorm"):
+            vector(p + name + ".weight", N_EMBD)
+        gated_attention_layer(p)
+        vector(p + "attn_q_norm.weight", HEAD_DIM)
+        vector(p + "attn_k_norm.weight", HEAD_DIM)
+        matrix(p + "ffn_gate.weight", N_EMBD, N_FF)
+        matrix(p + "ffn_up.weight", N_EMBD, N_FF)
+        matrix(p + "ffn_down.weight", N_FF, N_EMBD)
+        matrix(p + "nextn.eh_proj.weight", 2 * N_EMBD, N_EMBD)
     w.write()
     return str(path)
 

@@ -62,6 +62,14 @@ def read_count(reader, name: str, default=REQUIRED) -> int:
                                    per_layer=spec.per_layer)
 
 
+def trunk_layers(reader) -> int:
+    """The layers a forward pass runs: `block_count` less the multi-token-prediction layers that follow them
+    (`nextn_predict_layers`, llama.cpp's n_layer_nextn: Qwen3.5's files carry one, which llama.cpp runs only
+    as a draft model)."""
+    total = read_count(reader, "n_layer")
+    return total - reader.metadata.get_int(reader.arch_key("nextn_predict_layers"), 0, min=0, max=total - 1)
+
+
 def peek_count(reader, name: str) -> Optional[int]:
     """The integer hyperparameter `name` as the file states it, for display of a file that may not load:
     None when absent, any integer >= 0, a per-layer array as its largest entry; only a wrong type (or a
@@ -117,7 +125,7 @@ class HParams:
         params = cls(
             n_vocab=n_vocab,
             n_embd=n_embd,
-            n_layer=read_count(reader, "n_layer"),
+            n_layer=trunk_layers(reader),
             n_head=n_head,
             n_head_kv=read_count(reader, "n_head_kv", n_head),
             head_dim=head_dim,

@@ -19,8 +19,8 @@ As llama.cpp's src/models/qwen35.cpp and delta-net-base.cpp compute it:
   (Backend.delta_net); each head's output RMS-normed (`ssm_norm`) times SiLU(x attn_gate), then `ssm_out`.
 - The delta nets' memory is a window of the convolution's last K - 1 inputs and a state [Hv, S, S] per
   layer (model/recurrent.py): the KV cache holds K and V for the attention layers only.
-- Multi-token prediction layers (`nextn_predict_layers`, after the trunk) are not run (llama.cpp runs
-  them only as a draft model).
+- Multi-token prediction layers (`nextn_predict_layers` of them after the trunk, counted in `block_count`)
+  are not run (llama.cpp runs them only as a draft model): HParams.n_layer is the trunk's.
 """
 
 from __future__ import annotations
@@ -61,9 +61,11 @@ class DeltaNetShape:
     def read(cls, reader, n_layer: int) -> "DeltaNetShape":
         meta, key = reader.metadata, reader.arch_key
         flags = meta.get(key("attention.recurrent_layers"))
-        if flags is not None:
-            flags = meta.get_array(key("attention.recurrent_layers"), "int", length=n_layer, min=0, max=1)
-            recurrent = tuple(bool(f) for f in flags)
+        if flags is not None:  # one flag per block, the prediction layers after the trunk's included
+            flags = meta.get_array(key("attention.recurrent_layers"), "int", min=0, max=1)
+            if len(flags) < n_layer:
+                meta.fail(key("attention.recurrent_layers"), f"has {len(flags)} entries, expected one per layer ({n_layer})")
+            recurrent = tuple(bool(f) for f in flags[:n_layer])
         else:
             interval = meta.get_int(key("full_attention_interval"), DEFAULT_FULL_ATTENTION_INTERVAL, min=1, max=n_layer + 1)
             recurrent = tuple((il + 1) % interval != 0 for il in range(n_layer))
