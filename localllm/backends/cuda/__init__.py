@@ -73,6 +73,7 @@ class CUDABackend(Backend):
         self._k = kernels
         self._kernels_for = kernels_for
         self._vectors: dict[int, tuple[np.ndarray, object]] = {}  # id(host array) -> (array, device copy)
+        self._deltas = None  # delta_net_chunks' scratch [Hv, DELTA_CHUNK, S], kept between calls
         self._no_sinks: dict[int, np.ndarray] = {}  # Hq -> float32[Hq] of -inf: attention without sinks
         self._inv_freq: dict[tuple, object] = {}
         self._positions = (np.empty(0, np.int32), None)  # last uploaded positions (host copy, device array)
@@ -322,14 +323,21 @@ class CUDABackend(Backend):
         self._k.short_conv[self._grid(x.shape[1])](x, self._device(weight), window, out, bool(silu))
 
     def delta_net(self, q, k, v, g, beta, state, out, grouped=False) -> None:
-        """Token by token for a prompt too: each thread's row carries through the tokens (the CPU
-        backend's chunked form is the same rule in another order)."""
+        """Decode: a thread per state row, token by token. A prompt: in chunks (kernels.delta_net_chunks, a
+        block per head), the same rule in another order."""
         g_device = self.cuda.to_device(np.ascontiguousarray(g, dtype=np.float32))
         beta_device = self.cuda.to_device(np.ascontiguousarray(beta, dtype=np.float32))
         scale = np.float32(1.0 / np.sqrt(q.shape[2]))
         group = state.shape[0] // q.shape[1] if grouped else 0
-        self._k.delta_net[self._grid(state.shape[0] * state.shape[1])](q, k, v, g_device, beta_device, state, out, scale,
-                                                                        group)
+        if q.shape[0] == 1:
+            self._k.delta_net[self._grid(state.shape[0] * state.shape[1])](q, k, v, g_device, beta_device, state, out,
+                                                                            scale, group)
+            return
+        shape = (state.shape[0], self._k.DELTA_CHUNK, state.shape[1])
+        if self._deltas is None or self._deltas.shape != shape:
+            self._deltas = self.cuda.device_array(shape, dtype=np.float32)
+        self._k.delta_net_chunks[state.shape[0], self.launch.threads](q, k, v, g_device, beta_device, state, out, scale,
+                                                                      group, self._deltas)
 
     def add(self, a, b, out) -> None:
         self._k.add[self._grid(a.size)](_rows(a), _rows(b), _rows(out))

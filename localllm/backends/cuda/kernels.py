@@ -308,6 +308,80 @@ def delta_net(q, k, v, g, beta, state, out, scale, group):
             out[t, h, j] = o * scale
 
 
+DELTA_CHUNK = 64  # tokens per chunk of delta_net_chunks (the CPU backend's too)
+
+
+@cuda.jit
+def delta_net_chunks(q, k, v, g, beta, state, out, scale, group, deltas):
+    """The gated delta rule over a prompt, DELTA_CHUNK tokens at a time (the CPU backend's chunked form,
+    backends/cpu/recurrent.py): a block per value head. The block computes the chunk's k.k and q.k products
+    together (shared memory); then each thread updates the state rows it owns (j = thread, thread + block,
+    ...): the deltas of the chunk's tokens (a triangular solve along the tokens), the outputs, the state.
+    deltas float32[Hv, DELTA_CHUNK, S]: scratch for each row's deltas."""
+    h = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    step = cuda.blockDim.x
+    size = state.shape[1]
+    hk = h // group if group else h % q.shape[1]
+    pair = cuda.shared.array((DELTA_CHUNK, DELTA_CHUNK), np.float32)
+    cum = cuda.shared.array(DELTA_CHUNK + 1, np.float32)
+    m = state[h]
+    d = deltas[h]
+    for first in range(0, q.shape[0], DELTA_CHUNK):
+        n = min(DELTA_CHUNK, q.shape[0] - first)
+        if tid == 0:
+            cum[0] = 0.0
+            for t in range(n):
+                cum[t + 1] = cum[t] + g[first + t, h]
+        cuda.syncthreads()
+        # pair[t, s] = beta[t] exp(G[t] - G[s]) (k[t] . k[s]), s < t
+        for job in range(tid, n * n, step):
+            t = job // n
+            s_ = job % n
+            if s_ < t:
+                dot = np.float32(0.0)
+                for i in range(size):
+                    dot += k[first + t, hk, i] * k[first + s_, hk, i]
+                pair[t, s_] = beta[first + t, h] * np.float32(math.exp(cum[t + 1] - cum[s_ + 1])) * dot
+        cuda.syncthreads()
+        for j in range(tid, size, step):
+            for t in range(n):
+                mk = np.float32(0.0)
+                for i in range(size):
+                    mk += m[j, i] * k[first + t, hk, i]
+                delta = beta[first + t, h] * (v[first + t, h, j] - np.float32(math.exp(cum[t + 1])) * mk)
+                for s_ in range(t):
+                    delta -= pair[t, s_] * d[s_, j]
+                d[t, j] = delta
+        cuda.syncthreads()
+        # pair[t, s] = exp(G[t] - G[s]) (q[t] . k[s]), s <= t
+        for job in range(tid, n * n, step):
+            t = job // n
+            s_ = job % n
+            if s_ <= t:
+                dot = np.float32(0.0)
+                for i in range(size):
+                    dot += q[first + t, hk, i] * k[first + s_, hk, i]
+                pair[t, s_] = np.float32(math.exp(cum[t + 1] - cum[s_ + 1])) * dot
+        cuda.syncthreads()
+        for j in range(tid, size, step):
+            for t in range(n):
+                mq = np.float32(0.0)
+                for i in range(size):
+                    mq += m[j, i] * q[first + t, hk, i]
+                o = np.float32(math.exp(cum[t + 1])) * mq
+                for s_ in range(t + 1):
+                    o += pair[t, s_] * d[s_, j]
+                out[first + t, h, j] = o * scale
+            total = np.float32(math.exp(cum[n]))
+            for i in range(size):
+                acc = total * m[j, i]
+                for s_ in range(n):
+                    acc += np.float32(math.exp(cum[n] - cum[s_ + 1])) * d[s_, j] * k[first + s_, hk, i]
+                m[j, i] = acc
+        cuda.syncthreads()
+
+
 @cuda.jit
 def add(a, b, out):
     """out float32[R, C] = a + b."""
