@@ -4,20 +4,16 @@ reference (test_archs.py); batched steps against single sequences in test_paged.
 
 from __future__ import annotations
 
-import os
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import numpy as np
-import pexpect
 import pytest
 
 import localllm
 from localllm.errors import GGUFError
 from localllm.model.moe import MoEParams, expert_weights, group_by_expert
-from localllm.server import BackgroundServer, ServeOptions
 
+from chat_checks import chat_replies
+from server_checks import concurrent_equals_alone
 from tiny_models import write_tiny_model
 
 
@@ -77,51 +73,15 @@ def test_an_moe_architecture_without_experts_is_refused(tmp_path):
 def test_chat_on_a_tiny_mixture_of_experts(tmp_path):
     """`localllm chat` streams a reply and /regen at temperature 0 reproduces it (Qwen3-MoE, Q8_0)."""
     path = write_tiny_model(tmp_path / "tiny-qwen3moe.gguf", "qwen3moe", "Q8_0", seed=3)
-    env = dict(os.environ, LOCALLLM_HISTORY=str(tmp_path / "history"), TERM="dumb", NO_COLOR="1", COLUMNS="200")
-    command = [sys.executable, "-m", "localllm.cli.app", "chat", path, "--ctx", "256", "-n", "12", "--temperature", "0"]
-    child = pexpect.spawn(command[0], command[1:], env=env, encoding="utf-8", timeout=120, cwd=str(tmp_path))
-    try:
-        child.expect_exact(">>> ")
-        replies = []
-        for line in ("▁ab▁cd▁ef", "/regen", "/regen"):
-            child.sendline(line)
-            child.expect_exact(">>> ")
-            replies.append(child.before.replace("\r\n", "\n").split("\n", 1)[1])
-        assert replies[0].strip() and replies[1] == replies[2]
-        child.sendline("/bye")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close()
-    assert child.exitstatus == 0
+    replies = chat_replies(path, ("▁ab▁cd▁ef", "/regen", "/regen"), tmp_path)
+    assert replies[0].strip() and replies[1] == replies[2]
 
 
 def test_concurrent_requests_on_a_tiny_mixture_of_experts_each_equal_the_request_alone(tmp_path):
     """The server's batched steps (rows of several sequences routed to experts together) give each
     request the greedy tokens Model.generate gives it alone (Qwen2-MoE with its shared expert, Q4_K)."""
     path = write_tiny_model(tmp_path / "tiny-qwen2moe.gguf", "qwen2moe", "Q4_K", seed=4)
-    prompts = [[2, *range(300 + 7 * i, 305 + 7 * i + i)] for i in range(4)]
-    with localllm.load(path, n_ctx=128, threads=2) as model:
-        expected = []
-        for ids in prompts:
-            events = list(model.generate(ids, max_tokens=10, temperature=0))
-            expected.append("".join(e.text for e in events if e.kind == "token"))
-        with BackgroundServer(model, ServeOptions(port=0, parallel=4, cache_mb=4)) as srv:
-            def complete(ids):
-                body = {"prompt": ids, "max_tokens": 10, "temperature": 0}
-                return httpx.post(srv.base_url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
-
-            with ThreadPoolExecutor(len(prompts)) as pool:
-                got = list(pool.map(complete, prompts))
-            steps = steps_total(srv)
-    assert got == expected and all(got)
-    assert steps < len(prompts) * 10  # the requests shared steps (one each per token would be 40)
-
-
-def steps_total(server) -> float:
-    for line in httpx.get(server.base_url + "/metrics").text.splitlines():
-        if line.startswith("localllm_steps_total "):
-            return float(line.split()[1])
-    raise AssertionError("no steps_total metric")
+    concurrent_equals_alone(path, [[2, *range(300 + 7 * i, 305 + 7 * i + i)] for i in range(4)])
 
 
 def test_show_counts_every_expert_for_the_file_and_the_used_ones_per_token(tmp_path):

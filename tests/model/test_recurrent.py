@@ -8,20 +8,16 @@ differences a wrong state makes (the tests check that too)."""
 
 from __future__ import annotations
 
-import os
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import numpy as np
-import pexpect
 import pytest
 
 import localllm
 from localllm.generate import prefill
 from localllm.model.recurrent import MAX_CHECKPOINTS
-from localllm.server import BackgroundServer, ServeOptions
 
+from chat_checks import chat_replies
+from server_checks import concurrent_equals_alone
 from tiny_models import write_tiny_model
 
 PROMPT = [2, 300, 17, 281, 299, 5, 260, 310, 333, 290, 301, 7, 270, 275, 12, 318, 263, 297, 40, 311]
@@ -151,50 +147,12 @@ def test_concurrent_requests_each_equal_the_request_alone(tmp_path):
     greedy tokens Model.generate gives it alone; twice, so that the second round runs in slots the first
     gave back (zeroed as they are taken), with the same prompts (no prefix reuse for recurrent layers)."""
     path = write_tiny_model(tmp_path / "tiny-qwen35.gguf", "qwen35", "Q4_K", seed=4)
-    prompts = [[2, *range(300 + 7 * i, 305 + 7 * i + i)] for i in range(4)]
-    with localllm.load(path, n_ctx=128, threads=2) as model:
-        expected = []
-        for ids in prompts:
-            events = list(model.generate(ids, max_tokens=10, temperature=0))
-            expected.append("".join(e.text for e in events if e.kind == "token"))
-        with BackgroundServer(model, ServeOptions(port=0, parallel=4, cache_mb=4)) as srv:
-            def complete(ids):
-                body = {"prompt": ids, "max_tokens": 10, "temperature": 0}
-                return httpx.post(srv.base_url + "/v1/completions", json=body, timeout=120).json()["choices"][0]["text"]
-
-            rounds = []
-            for _ in range(2):
-                with ThreadPoolExecutor(len(prompts)) as pool:
-                    rounds.append(list(pool.map(complete, prompts)))
-            steps = steps_total(srv)
-    assert rounds[0] == expected and rounds[1] == expected and all(expected)
-    assert steps < 2 * len(prompts) * 10  # the requests shared steps
-
-
-def steps_total(server) -> float:
-    for line in httpx.get(server.base_url + "/metrics").text.splitlines():
-        if line.startswith("localllm_steps_total "):
-            return float(line.split()[1])
-    raise AssertionError("no steps_total metric")
+    concurrent_equals_alone(path, [[2, *range(300 + 7 * i, 305 + 7 * i + i)] for i in range(4)], rounds=2)
 
 
 def test_chat_keeps_the_state_across_turns_and_regenerates(tmp_path):
     """`localllm chat` on the tiny hybrid: a reply, a second turn on top of it, and /regen at temperature
     0 twice giving the same reply (each /regen resumes from the checkpoint before the reply)."""
     path = write_tiny_model(tmp_path / "tiny-qwen35.gguf", "qwen35", "Q8_0", seed=3)
-    env = dict(os.environ, LOCALLLM_HISTORY=str(tmp_path / "history"), TERM="dumb", NO_COLOR="1", COLUMNS="200")
-    command = [sys.executable, "-m", "localllm.cli.app", "chat", path, "--ctx", "256", "-n", "12", "--temperature", "0"]
-    child = pexpect.spawn(command[0], command[1:], env=env, encoding="utf-8", timeout=120, cwd=str(tmp_path))
-    try:
-        child.expect_exact(">>> ")
-        replies = []
-        for line in ("▁ab▁cd▁ef", "▁gh▁ij", "/regen", "/regen"):
-            child.sendline(line)
-            child.expect_exact(">>> ")
-            replies.append(child.before.replace("\r\n", "\n").split("\n", 1)[1])
-        assert replies[0].strip() and replies[1].strip() and replies[2] == replies[3] == replies[1]
-        child.sendline("/bye")
-        child.expect(pexpect.EOF)
-    finally:
-        child.close()
-    assert child.exitstatus == 0
+    replies = chat_replies(path, ("▁ab▁cd▁ef", "▁gh▁ij", "/regen", "/regen"), tmp_path)
+    assert replies[0].strip() and replies[1].strip() and replies[2] == replies[3] == replies[1]

@@ -105,6 +105,19 @@ def delta_net_steps(q, k, v, g, beta, state, out, scale, group):
                 out[t, h, j] = o * scale
 
 
+@fast_kernel
+def _state_products(m, x, first, n, hk, out):
+    """out[t, j] = m[j] . x[first + t, hk] for t < n (a head's state rows against a chunk's q or k)."""
+    for j in range(m.shape[0]):
+        row = m[j]
+        for t in range(n):
+            xt = x[first + t, hk]
+            s = np.float32(0.0)
+            for i in range(row.shape[0]):
+                s += row[i] * xt[i]
+            out[t, j] = s
+
+
 @fast_kernel(parallel=True)
 def delta_net_chunks(q, k, v, g, beta, state, out, scale, group):
     """delta_net_steps' result computed CHUNK tokens at a time (module docstring); same arguments. Every
@@ -124,15 +137,7 @@ def delta_net_chunks(q, k, v, g, beta, state, out, scale, group):
             cum[0] = 0.0
             for t in range(n):
                 cum[t + 1] = cum[t] + g[first + t, h]
-            # mk[t, j] = M0[j] . k[t]
-            for j in range(size):
-                row = m[j]
-                for t in range(n):
-                    kt = k[first + t, hk]
-                    s = np.float32(0.0)
-                    for i in range(size):
-                        s += row[i] * kt[i]
-                    mk[t, j] = s
+            _state_products(m, k, first, n, hk, mk)  # mk[t, j] = M0[j] . k[t]
             # d[t] = beta[t] (v[t] - exp(G[t]) M0 k[t]) - sum_{s<t} beta[t] exp(G[t]-G[s]) (k[t].k[s]) d[s]
             for t in range(n):
                 kt = k[first + t, hk]
@@ -150,15 +155,7 @@ def delta_net_chunks(q, k, v, g, beta, state, out, scale, group):
                     dt = d[t]
                     for j in range(size):
                         dt[j] -= f * ds[j]
-            # mk[t, j] = M0[j] . q[t]
-            for j in range(size):
-                row = m[j]
-                for t in range(n):
-                    qt = q[first + t, hk]
-                    s = np.float32(0.0)
-                    for i in range(size):
-                        s += row[i] * qt[i]
-                    mk[t, j] = s
+            _state_products(m, q, first, n, hk, mk)  # mk[t, j] = M0[j] . q[t]
             # out[t] = scale (exp(G[t]) M0 q[t] + sum_{s<=t} exp(G[t]-G[s]) (q[t].k[s]) d[s])
             for t in range(n):
                 qt = q[first + t, hk]
