@@ -90,12 +90,13 @@ class DeltaNetShape:
         return [state if r else LayerKV(hp.n_head_kv, hp.head_dim, il) for il, r in enumerate(self.recurrent)]
 
 
-class DeltaNetBuffers:
-    """A delta net's activations for up to `rows` tokens, grown on demand (a decode step allocates
-    nothing): the projections before and after the convolution, the output gate, and the output."""
+class HybridBuffers:
+    """A step's activations for up to `rows` tokens beside the Decoder's, grown on demand (a decode step
+    allocates nothing): a delta net's projections before and after the convolution, its output gate z
+    and its output; an attention layer's output gate."""
 
-    def __init__(self, ops, shape: DeltaNetShape):
-        self.ops, self.shape, self.rows = ops, shape, 0
+    def __init__(self, ops, shape: DeltaNetShape, attention_width: int):
+        self.ops, self.shape, self.attention_width, self.rows = ops, shape, attention_width, 0
 
     def for_rows(self, t: int) -> dict:
         if t > self.rows:
@@ -105,10 +106,10 @@ class DeltaNetBuffers:
                 "q_in": alloc((n, s.key_dim)), "k_in": alloc((n, s.key_dim)), "v_in": alloc((n, s.value_dim)),
                 "q": alloc((n, s.n_k, s.size)), "k": alloc((n, s.n_k, s.size)), "v": alloc((n, s.n_v, s.size)),
                 "z": alloc((n, s.value_dim)), "alpha": alloc((n, s.n_v)), "beta": alloc((n, s.n_v)),
-                "out": alloc((n, s.n_v, s.size)), "gate": None,
+                "out": alloc((n, s.n_v, s.size)), "gate": alloc((n, self.attention_width)),
             }
             self.rows = n
-        return {name: None if a is None else a[:t] for name, a in self.arrays.items()}
+        return {name: a[:t] for name, a in self.arrays.items()}
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -127,8 +128,7 @@ class Qwen35(Decoder):
         super().read_extra(reader)
         self.dn = DeltaNetShape.read(reader, self.hp.n_layer)
         self.rope_unrotated = self._rope_unrotated(reader)
-        self._dn_buffers: Optional[DeltaNetBuffers] = None
-        self._gate_rows: dict = {}
+        self._step_buffers: Optional[HybridBuffers] = None
 
     def _rope_unrotated(self, reader) -> Optional[np.ndarray]:
         """RoPE frequency divisors that leave unrotated the dims no section of `rope.dimension_sections`
@@ -215,12 +215,16 @@ class Qwen35(Decoder):
         else:
             super().attention(il, b, start, cache, x)
 
+    def step_buffers(self, t: int) -> dict:
+        if self._step_buffers is None:
+            self._step_buffers = HybridBuffers(self.ops, self.dn, self.hp.n_head * self.hp.head_dim)
+            self._unit = np.ones(self.dn.size, dtype=np.float32)  # the L2 norm's rms_norm weight
+        return self._step_buffers.for_rows(t)
+
     def gate_attention(self, il: int, b, x) -> None:
         """b.attn *= sigmoid(x attn_q_gate), per head and dim."""
         t = b.n_tokens
-        gate = self._gate_rows.get(t)
-        if gate is None:
-            gate = self._gate_rows[t] = self.ops.alloc((t, self.hp.n_head * self.hp.head_dim))
+        gate = self.step_buffers(t)["gate"]
         self.linear(b, self.w[f"blk.{il}.attn_q_gate.weight"], x, gate)
         attn = b.attn.reshape(t, -1)
         self.ops.gated_act(gate, attn, attn, "sigmoid")
@@ -230,10 +234,7 @@ class Qwen35(Decoder):
         in the cache carried forward."""
         ops, w, dn, p, eps = self.ops, self.w, self.dn, f"blk.{il}.", self.hp.eps
         t = b.n_tokens
-        if self._dn_buffers is None:
-            self._dn_buffers = DeltaNetBuffers(ops, dn)
-            self._unit = np.ones(dn.size, dtype=np.float32)
-        a = self._dn_buffers.for_rows(t)
+        a = self.step_buffers(t)
         conv_w = w[p + "ssm_conv1d.weight"].reshape(-1, dn.conv_kernel)  # [q | k | v channels, K]
         firsts = (0, dn.key_dim, 2 * dn.key_dim, 2 * dn.key_dim + dn.value_dim)
         # each sequence's rows (one in a single-sequence step) carry their own windows and state
