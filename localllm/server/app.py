@@ -1,5 +1,5 @@
-"""The HTTP API (Starlette): OpenAI's chat/completions/models, plus /health, /metrics, /tokenize,
-/detokenize. Handlers parse and validate (protocol.py), have the prompt rendered and tokenized on a
+"""The HTTP API (Starlette): OpenAI's chat/completions/models, Ollama's /api/* (ollama.py), plus /health,
+/metrics, /tokenize, /detokenize. Handlers parse and validate (protocol.py), have the prompt rendered and tokenized on a
 preparation thread (prepare.py: never on the event loop, and text that cannot fit the context refused
 before), submit to the engine and render its events; all generation happens on the engine thread."""
 
@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from ..engine.batching import Engine, QueueFull
 from ..errors import ContextOverflow, LocalLLMError
+from . import ollama
 from . import protocol as p
 from .access_log import AccessLog, note_tokens
 from .metrics import render_metrics
@@ -51,6 +52,7 @@ def create_app(engine: Engine, config: ServerConfig):
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        *ollama.routes(api),
     ]
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
     return AccessLog(app, config.access_log) if config.access_log is not None else app

@@ -1,0 +1,239 @@
+"""Ollama's API beside OpenAI's, on the same server and engine: /api/version, /api/tags, /api/ps,
+/api/show, /api/generate and /api/chat, as Ollama's own server answers them (docs/api.md of ollama/ollama;
+the `ollama` Python package is the tests' client).
+
+Generation streams by default, as Ollama's does: one JSON object a line (NDJSON, `application/x-ndjson`),
+each with the text so far's next piece, then a last one with `done: true`, the reason and the timings in
+nanoseconds; `"stream": false` gives that last object alone with the whole text. Sampling comes from
+`options` (Ollama's names: num_predict, temperature, top_k, top_p, min_p, seed, stop, repeat_penalty,
+presence_penalty, frequency_penalty); an option localllm does not apply is ignored, as Ollama ignores
+options a runner does not know. What would change the output and is not supported (images, tools,
+`format`, `suffix`, a custom `template`, `context`) is refused with 400, never ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import __version__
+from ..model.info import describe
+from . import protocol as p
+
+# Ollama's option names -> the OpenAI request fields protocol.sampling_request reads
+OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+           "min_p": "min_p", "seed": "seed", "stop": "stop", "repeat_penalty": "repeat_penalty",
+           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
+UNSUPPORTED = ("images", "tools", "format", "suffix", "template", "context")
+
+
+def routes(api) -> list:
+    """The /api routes, answered by `api` (app._API: its engine, model, preparation and errors)."""
+    ollama = _Ollama(api)
+    return [
+        Route("/api/version", ollama.version, methods=["GET"]),
+        Route("/api/tags", ollama.tags, methods=["GET"]),
+        Route("/api/ps", ollama.ps, methods=["GET"]),
+        Route("/api/show", ollama.show, methods=["POST"]),
+        Route("/api/generate", ollama.generate, methods=["POST"]),
+        Route("/api/chat", ollama.chat, methods=["POST"]),
+    ]
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def sampling_body(body: dict) -> dict:
+    """The OpenAI-shaped fields of an Ollama request's `options` (num_predict -1: no limit)."""
+    options = body.get("options") or {}
+    if not isinstance(options, dict):
+        raise p.invalid("'options' must be an object", "options")
+    fields = {OPTIONS[k]: v for k, v in options.items() if k in OPTIONS}
+    if fields.get("max_tokens") is not None and isinstance(fields["max_tokens"], int) and fields["max_tokens"] < 0:
+        del fields["max_tokens"]
+    return fields
+
+
+def refuse_unsupported(body: dict) -> None:
+    for name in UNSUPPORTED:
+        if body.get(name) not in (None, "", [], {}):
+            raise p.invalid(f"'{name}' is not supported by localllm's Ollama API", name)
+
+
+class _Ollama:
+    def __init__(self, api):
+        self.api = api
+        self.loaded_at = _now()
+
+    # -- models -------------------------------------------------------------------------------------------------
+    def details(self) -> dict:
+        info = describe(self.api.model.reader)
+        billions = info["parameters"] / 1e9
+        return {"parent_model": "", "format": "gguf", "family": info["architecture"], "families": [info["architecture"]],
+                "parameter_size": f"{billions:.1f}B" if billions >= 1 else f"{info['parameters'] / 1e6:.0f}M",
+                "quantization_level": info["file_type"] or ""}
+
+    def model_entry(self) -> dict:
+        """One model as /api/tags lists it. The digest stands for the file (its name, size and modification
+        time, hashed), not its bytes: hashing gigabytes for a listing would take seconds."""
+        path = Path(self.api.model.path)
+        stat = path.stat()
+        digest = hashlib.sha256(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+        modified = datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat().replace("+00:00", "Z")
+        name = self.api.config.model_id
+        return {"name": name, "model": name, "modified_at": modified, "size": stat.st_size, "digest": digest,
+                "details": self.details()}
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": __version__})
+
+    async def tags(self, request: Request) -> Response:
+        return await self._answer(request, lambda: JSONResponse({"models": [self.model_entry()]}))
+
+    async def ps(self, request: Request) -> Response:
+        def running():
+            entry = self.model_entry()
+            entry.update(expires_at="0001-01-01T00:00:00Z", size_vram=0)
+            return JSONResponse({"models": [entry]})
+        return await self._answer(request, running)
+
+    async def show(self, request: Request) -> Response:
+        async def shown():
+            body = await self.api.body(request)
+            self._check_model(body)
+            info = describe(self.api.model.reader)
+            model_info = {f"general.{k}": info[k] for k in ("architecture", "name", "parameters") if info[k] is not None}
+            template = self.api.model.reader.metadata.get_str("tokenizer.chat_template", "") or ""
+            return JSONResponse({"license": "", "modelfile": f"FROM {self.api.model.path}\n", "parameters": "",
+                                 "template": template, "details": self.details(), "model_info": model_info,
+                                 "modified_at": self.model_entry()["modified_at"]})
+        return await self._answer(request, shown)
+
+    # -- generation ---------------------------------------------------------------------------------------------
+    async def generate(self, request: Request) -> Response:
+        async def generated():
+            body = await self.api.body(request)
+            model_id = self._check_model(body)
+            refuse_unsupported(body)
+            prompt = body.get("prompt", "")
+            system = body.get("system")
+            if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
+                raise p.invalid("'prompt' and 'system' must be strings", "prompt")
+            if not prompt:  # Ollama's way to load a model: an empty prompt, answered done at once
+                return JSONResponse(self._final(model_id, "load", None, 0, "response"))
+            gen = p.sampling_request(sampling_body(body), [], None)
+            if p._boolean(body, "raw", False):
+                self.api.prepare.check(prompt, "prompt")
+                gen.prompt = await self.api.prepare.run(self.api.model.tokenize, prompt)
+            else:  # the model's chat template, as Ollama applies its template to system and prompt
+                messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+                gen.prompt = await self.api.prepare.run(self.api._chat_prompt, messages)
+                gen.stop = gen.stop + self.api.model.chat_stop()
+            return await self._run(request, body, gen, model_id, "response")
+        return await self._answer(request, generated)
+
+    async def chat(self, request: Request) -> Response:
+        async def chatted():
+            body = await self.api.body(request)
+            model_id = self._check_model(body)
+            refuse_unsupported(body)
+            for i, message in enumerate(body.get("messages") or []):
+                if isinstance(message, dict) and (message.get("images") or message.get("tool_calls")):
+                    raise p.invalid(f"messages[{i}]: images and tool calls are not supported", "messages")
+            messages = p.chat_messages(body)
+            gen = p.sampling_request(sampling_body(body), [], None)
+            gen.prompt = await self.api.prepare.run(self.api._chat_prompt, messages)
+            gen.stop = gen.stop + self.api.model.chat_stop()
+            if (body.get("options") or {}).get("repeat_penalty") is None:
+                gen.sampling = dataclasses.replace(gen.sampling, repeat_penalty=self.api.model.chat_repeat_penalty())
+            return await self._run(request, body, gen, model_id, "message")
+        return await self._answer(request, chatted)
+
+    async def _run(self, request: Request, body: dict, gen, model_id: str, kind: str) -> Response:
+        """Submit `gen` and answer as NDJSON chunks (the default) or one object (stream false); kind:
+        "response" (/api/generate's text field) or "message" (/api/chat's)."""
+        started = time.perf_counter_ns()
+        handle = self.api.engine.submit(gen, asyncio.get_running_loop())
+        n_prompt = len(gen.prompt)
+        if p._boolean(body, "stream", True):
+            return self._stream(handle, model_id, kind, n_prompt, started)
+        pieces, n_generated = [], 0
+        try:
+            async for event in handle.events():
+                if event.kind == "token":
+                    n_generated += event.token is not None
+                    pieces.append(event.text)
+                elif event.kind == "error":
+                    raise p.APIError(500, event.text, type="server_error")
+                else:
+                    final = self._final(model_id, event.finish_reason, event.timings, started, kind, n_prompt, n_generated)
+                    final[kind] = self._piece("".join(pieces), kind)
+                    return JSONResponse(final)
+        finally:
+            handle.cancel()  # a no-op once done; frees the slot if the client went away
+        raise p.APIError(500, "the generation ended without a result", type="server_error")
+
+    def _stream(self, handle, model_id: str, kind: str, n_prompt: int, started: int) -> StreamingResponse:
+        async def lines():
+            finished, n_generated = False, 0
+            try:
+                async for event in handle.events():
+                    if event.kind == "token":
+                        n_generated += event.token is not None
+                        if event.text:
+                            chunk = {"model": model_id, "created_at": _now(), kind: self._piece(event.text, kind), "done": False}
+                            yield json.dumps(chunk, ensure_ascii=False) + "\n"
+                    elif event.kind == "error":
+                        yield json.dumps({"error": event.text}) + "\n"
+                    else:
+                        final = self._final(model_id, event.finish_reason, event.timings, started, kind, n_prompt, n_generated)
+                        yield json.dumps(final, ensure_ascii=False) + "\n"
+                finished = True
+            finally:
+                if not finished:
+                    handle.cancel()
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+    @staticmethod
+    def _piece(text: str, kind: str):
+        return {"role": "assistant", "content": text} if kind == "message" else text
+
+    def _final(self, model_id: str, reason, timings, started: int, kind: str, n_prompt: int = 0, n_generated: int = 0) -> dict:
+        """The last object of an answer: done, Ollama's reason ("stop", "length", "load") and timings (ns)."""
+        out = {"model": model_id, "created_at": _now(), kind: self._piece("", kind), "done": True,
+               "done_reason": reason, "total_duration": time.perf_counter_ns() - started if started else 0,
+               "load_duration": 0}
+        if timings is not None:
+            out.update(prompt_eval_count=n_prompt, prompt_eval_duration=int(timings.prompt_seconds * 1e9),
+                       eval_count=n_generated, eval_duration=int(timings.generation_seconds * 1e9))
+        return out
+
+    # -- plumbing -----------------------------------------------------------------------------------------------
+    def _check_model(self, body: dict) -> str:
+        """The served model under any of its names (with or without Ollama's ':latest'); 404 for another."""
+        name = body.get("model")
+        if isinstance(name, str) and name.endswith(":latest"):
+            body = {**body, "model": name[: -len(":latest")]}
+        return p.check_model(body, self.api.config.model_ids)
+
+    async def _answer(self, request: Request, make) -> Response:
+        """Authorise, then answer; every error as Ollama sends it: {"error": "..."} with the status."""
+        try:
+            self.api.authorize(request)
+            result = make()
+            return await result if asyncio.iscoroutine(result) else result
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+            from .app import _as_api_error
+
+            error = _as_api_error(exc)
+            return JSONResponse({"error": str(error)}, status_code=error.status)
