@@ -16,8 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ..engine.batching import Engine, QueueFull
-from ..errors import ContextOverflow, LocalLLMError
+from ..engine.batching import Engine
 from . import ollama
 from . import protocol as p
 from .access_log import AccessLog, note_tokens
@@ -71,20 +70,6 @@ def _error(exc: p.APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
 
-def _as_api_error(exc: Exception) -> p.APIError:
-    if isinstance(exc, p.APIError):
-        return exc
-    if isinstance(exc, ContextOverflow):
-        return p.APIError(413, str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, QueueFull):
-        return p.APIError(503, str(exc), type="server_error", code="queue_full")
-    if isinstance(exc, LocalLLMError):
-        return p.invalid(str(exc))
-    if isinstance(exc, UnicodeEncodeError):  # JSON may carry lone surrogates ("\ud800"): not text to tokenize
-        return p.invalid(f"the request's text is not valid Unicode: {exc.reason} ({exc.object[exc.start:exc.end]!r})")
-    return p.APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
-
-
 def _handler(method):
     """Map every error a handler raises to OpenAI's shape and status."""
 
@@ -93,7 +78,7 @@ def _handler(method):
             self.authorize(request)
             return await method(self, request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
-            return _error(_as_api_error(exc))
+            return _error(p.as_api_error(exc))
 
     wrapped.__name__ = method.__name__
     return wrapped

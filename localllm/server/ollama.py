@@ -138,7 +138,7 @@ class _Ollama:
             else:  # the model's chat template, as Ollama applies its template to system and prompt
                 messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
                 gen.prompt = await self.api.prepare.run(self.api._chat_prompt, messages)
-                gen.stop = gen.stop + self.api.model.chat_stop()
+                self._chat_defaults(body, gen)
             return await self._run(request, body, gen, model_id, "response")
         return await self._answer(request, generated)
 
@@ -153,11 +153,16 @@ class _Ollama:
             messages = p.chat_messages(body)
             gen = p.sampling_request(sampling_body(body), [], None)
             gen.prompt = await self.api.prepare.run(self.api._chat_prompt, messages)
-            gen.stop = gen.stop + self.api.model.chat_stop()
-            if (body.get("options") or {}).get("repeat_penalty") is None:
-                gen.sampling = dataclasses.replace(gen.sampling, repeat_penalty=self.api.model.chat_repeat_penalty())
+            self._chat_defaults(body, gen)
             return await self._run(request, body, gen, model_id, "message")
         return await self._answer(request, chatted)
+
+    def _chat_defaults(self, body: dict, gen) -> None:
+        """A chat turn's stop strings, and its repetition penalty unless the options set one, as
+        /v1/chat/completions takes them (a base model's transcript: a stop at a new "User:" line, and 1.1)."""
+        gen.stop = gen.stop + self.api.model.chat_stop()
+        if (body.get("options") or {}).get("repeat_penalty") is None:
+            gen.sampling = dataclasses.replace(gen.sampling, repeat_penalty=self.api.model.chat_repeat_penalty())
 
     async def _run(self, request: Request, body: dict, gen, model_id: str, kind: str) -> Response:
         """Submit `gen` and answer as NDJSON chunks (the default) or one object (stream false); kind:
@@ -233,7 +238,5 @@ class _Ollama:
             result = make()
             return await result if asyncio.iscoroutine(result) else result
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
-            from .app import _as_api_error
-
-            error = _as_api_error(exc)
+            error = p.as_api_error(exc)
             return JSONResponse({"error": str(error)}, status_code=error.status)

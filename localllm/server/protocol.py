@@ -11,8 +11,8 @@ import time
 import uuid
 from typing import Any, Optional
 
-from ..engine.batching import GenerationRequest
-from ..errors import LocalLLMError
+from ..engine.batching import GenerationRequest, QueueFull
+from ..errors import ContextOverflow, LocalLLMError
 from ..sampling import SamplingConfig
 
 MAX_STOP_STRINGS = 4
@@ -36,6 +36,21 @@ class APIError(LocalLLMError):
 
 def invalid(message: str, param: Optional[str] = None, code: Optional[str] = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """Any failure of a request as the API error it is answered with (OpenAI's and Ollama's handlers)."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextOverflow):
+        return APIError(413, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, QueueFull):
+        return APIError(503, str(exc), type="server_error", code="queue_full")
+    if isinstance(exc, LocalLLMError):
+        return invalid(str(exc))
+    if isinstance(exc, UnicodeEncodeError):  # JSON may carry lone surrogates ("\ud800"): not text to tokenize
+        return invalid(f"the request's text is not valid Unicode: {exc.reason} ({exc.object[exc.start:exc.end]!r})")
+    return APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error")
 
 
 # -- field readers ---------------------------------------------------------------------------------------------
