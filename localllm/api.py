@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,6 +267,8 @@ class Model:
         top_logprobs: Optional[int] = None,
         add_bos: Optional[bool] = None,
         context_shift: bool = False,
+        grammar: Optional[str] = None,
+        json_schema=None,
         **sampling_options,
     ) -> Iterator[Event]:
         """Yield events for a text prompt, a list of chat messages (template applied), or token ids.
@@ -277,7 +280,11 @@ class Model:
         (a chat's next turn) prefills only the new tokens. A prompt that does not fit raises
         ContextOverflow; with `context_shift=True` a conversation instead drops its oldest turns (the
         system prompt and the last user turn are kept) until it fits.
+        `grammar` (GBNF text) or `json_schema` (a dict or its JSON text) constrain the output: every
+        token drawn keeps it a prefix of the grammar's language, and the end of generation is allowed
+        only once it is complete (localllm/grammar/). A GrammarError says what is wrong with either.
         """
+        from .grammar import grammar_text
         from .sampling import Sampler, SamplingConfig
 
         is_chat = not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
@@ -293,7 +300,10 @@ class Model:
             ids = self.fit_conversation(prompt, reserve=min(max_tokens, self.n_ctx // 4), shift=context_shift)
         else:
             ids = [int(t) for t in prompt]
-        sampler = Sampler(sampling, self.decoder.hp.n_vocab)
+        constraint = grammar_text(grammar, json_schema)
+        if constraint is not None:
+            sampling = dataclasses.replace(sampling, grammar=constraint)
+        sampler = Sampler(sampling, self.decoder.hp.n_vocab, self.tokenizer)
         stops = list(stop or []) + list(getattr(sampling, "stop", None) or [])
         if is_chat:
             stops += self.chat_stop()

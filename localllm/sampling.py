@@ -4,13 +4,16 @@ its defaults and ranges) are localllm/sampling_config.py, re-exported here.
 The chain is llama.cpp's default order (common/sampling.cpp), each step working on the candidates the
 previous one left:
 
-    logit bias -> penalties -> top-k -> typical-p -> top-p -> min-p -> temperature -> draw
+    logit bias -> penalties -> grammar -> top-k -> typical-p -> top-p -> min-p -> temperature -> draw
 
 - logit bias: `logit[id] += bias` (-inf bans a token; a large positive bias forces it).
 - penalties, over the last `repeat_last_n` tokens of the history (-1: all of it, 0: none):
   repetition (CTRL paper, as llama.cpp): every token seen has a positive logit divided by
   `repeat_penalty` and a negative one multiplied by it; frequency/presence (OpenAI):
   `logit -= count * frequency_penalty + (count > 0) * presence_penalty`.
+- grammar (config.grammar, GBNF; localllm/grammar/): tokens the grammar does not allow next get -inf, so
+  whatever follows draws only from allowed ones (llama.cpp applies it to the candidates it is about to
+  draw from; here it comes before top-k, so top-k's k tokens are all allowed ones).
 - top-k keeps the k largest logits (0: off). typical-p, top-p and min-p measure probabilities with the
   softmax of the *current candidates at temperature 1* (temperature is applied after them, as in
   llama.cpp):
@@ -102,7 +105,8 @@ def _min_p(logits: np.ndarray, ratio: float) -> np.ndarray:
 class Sampler:
     """Picks next tokens with one SamplingConfig; owns its random generator (seeded: reproducible)."""
 
-    def __init__(self, config: SamplingConfig, n_vocab: int):
+    def __init__(self, config: SamplingConfig, n_vocab: int, tokenizer=None):
+        """`tokenizer`: the model's, needed when the config has a grammar (the tokens' bytes)."""
         require(is_int(n_vocab) and n_vocab > 0, "n_vocab", "a positive integer", n_vocab)
         self.config = config
         self.n_vocab = int(n_vocab)
@@ -113,16 +117,32 @@ class Sampler:
         require(not too_large, "logit_bias", f"keyed by token ids < {self.n_vocab} (the vocabulary size)", too_large[:5])
         self._bias_ids = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))
         self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        self.constraint = None
+        if config.grammar is not None:
+            from .grammar.constraint import Constraint, compile_grammar
+
+            if tokenizer is None:
+                raise SamplingError("a grammar needs the model's tokenizer (Sampler(..., tokenizer=...))")
+            self.constraint = Constraint(compile_grammar(config.grammar, tokenizer, self.n_vocab))
 
     # -- public -----------------------------------------------------------------------------------------
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """The next token id for float32[n_vocab] logits, given the tokens so far (prompt + generated)."""
+        """The next token id for float32[n_vocab] logits, given the tokens so far (prompt + generated).
+        With a grammar, only the tokens it allows can be drawn, and the chosen one advances it."""
         scores = self.adjusted(logits, history)
+        if self.constraint is not None:
+            scores = self.constraint.apply(scores)
+        token = self._choose(scores)
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
+
+    def _choose(self, scores: np.ndarray) -> int:
         best = float(np.max(scores))
         if math.isnan(best):
             raise SamplingError("the logits contain NaN")
         if best == -math.inf:
-            raise SamplingError("every token is banned (all logits are -inf after logit_bias)")
+            raise SamplingError("every token is banned (all logits are -inf after logit_bias and the grammar)")
         if self.config.temperature <= 0:
             return int(np.argmax(scores))
         ids, logits_kept = self.candidates(scores)

@@ -58,6 +58,7 @@ class SamplingConfig:
     seed: int | None = None
     max_tokens: int = 256  # the generation loop's; the Sampler does not read it
     stop: list[str] | None = None
+    grammar: str | None = None  # GBNF text (localllm/grammar/): output is constrained to it
 
     def __post_init__(self):
         def number(name: str, low: float, high: float, allowed: str) -> None:
@@ -79,6 +80,10 @@ class SamplingConfig:
                  "None or an integer between 0 and 2**64 - 1", self.seed)
         self.logit_bias = self._checked_logit_bias(self.logit_bias)
         self.stop = self._checked_stop(self.stop)
+        if self.grammar is not None:
+            from .grammar.gbnf import parse_gbnf
+
+            parse_gbnf(self.grammar)  # a GrammarError (a SamplingError) says what is wrong and where
 
     @staticmethod
     def _checked_logit_bias(bias) -> dict[int, float] | None:

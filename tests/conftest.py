@@ -55,16 +55,22 @@ def gemma_path() -> str:
 LLAMA_CPP_PYTHON = "0.3.36"
 
 
-@pytest.fixture(scope="session")
-def llama_cpp_vocab_dir() -> Path:
-    """The folder of llama.cpp's ggml-vocab-* files: pip downloads the sdist on first use, and its vocab files
-    are extracted once into ~/.cache/localllm/test-data/ ($XDG_CACHE_HOME honoured), then reused."""
+# Folders of the sdist the tests read: name -> which members go into it (matched on the member's path).
+_SDIST_FOLDERS = {
+    "models": lambda path: path.name.startswith("ggml-vocab-") and path.parent.as_posix().endswith("/vendor/llama.cpp/models"),
+    "grammars": lambda path: path.suffix == ".gbnf" and path.parent.as_posix().endswith("/vendor/llama.cpp/grammars"),
+}
+
+
+def llama_cpp_test_data(folder: str) -> Path:
+    """A folder of files from llama-cpp-python's sdist (see _SDIST_FOLDERS): pip downloads the sdist on first
+    use, and the files are extracted once into ~/.cache/localllm/test-data/ ($XDG_CACHE_HOME honoured), then
+    reused."""
     from localllm.host import user_cache_dir
 
     root = user_cache_dir(os.environ) / "localllm" / "test-data" / f"llama-cpp-python-{LLAMA_CPP_PYTHON}"
-    models = root / "models"
-    if models.is_dir():
-        return models
+    if (root / folder).is_dir():
+        return root / folder
     root.mkdir(parents=True, exist_ok=True)
     sdist = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
     if not sdist.is_file():  # one left by an interrupted run is reused: pip writes it whole or not at all
@@ -74,18 +80,33 @@ def llama_cpp_vocab_dir() -> Path:
         if done.returncode or not sdist.is_file():
             pytest.fail(f"could not download llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist (or put it at {sdist}):\n"
                         + (done.stderr or done.stdout)[-2000:])
-    # Extracted beside the target and renamed into place, so that an interrupted run leaves no half folder.
-    tmp = Path(tempfile.mkdtemp(dir=root))
+    # Each missing folder is extracted beside its target and renamed into place, so that an interrupted run
+    # leaves no half folder.
+    missing = {name: Path(tempfile.mkdtemp(dir=root)) for name in _SDIST_FOLDERS if not (root / name).is_dir()}
     try:
         with tarfile.open(sdist, "r|gz") as archive:
             for member in archive:  # streamed: one pass over the archive
                 path = Path(member.name)
-                if member.isfile() and path.name.startswith("ggml-vocab-") and path.parent.as_posix().endswith(
-                        "/vendor/llama.cpp/models"):
-                    with archive.extractfile(member) as src, open(tmp / path.name, "wb") as dst:
-                        shutil.copyfileobj(src, dst)
-        tmp.rename(models)
+                for name, tmp in missing.items():
+                    if member.isfile() and _SDIST_FOLDERS[name](path):
+                        with archive.extractfile(member) as src, open(tmp / path.name, "wb") as dst:
+                            shutil.copyfileobj(src, dst)
+        for name, tmp in missing.items():
+            tmp.rename(root / name)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    sdist.unlink()  # the vocab files are all the tests read
-    return models
+        for tmp in missing.values():
+            shutil.rmtree(tmp, ignore_errors=True)
+    sdist.unlink()  # the extracted files are all the tests read
+    return root / folder
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_vocab_dir() -> Path:
+    """The folder of llama.cpp's ggml-vocab-* files (llama_cpp_test_data)."""
+    return llama_cpp_test_data("models")
+
+
+@pytest.fixture(scope="session")
+def llama_cpp_grammars_dir() -> Path:
+    """llama.cpp's example GBNF grammars (its grammars/*.gbnf; llama_cpp_test_data)."""
+    return llama_cpp_test_data("grammars")

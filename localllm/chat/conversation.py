@@ -43,8 +43,9 @@ class ChatSettings:
     seed: Optional[int] = None
     max_tokens: int = 512
     verbose: bool = False
+    grammar: Optional[str] = None  # GBNF text every reply follows (chat --grammar/--json-schema); not for /set
 
-    SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed")
+    SAMPLING = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "seed", "grammar")
 
     def sampling(self, default_repeat_penalty: float = 1.0):
         """The SamplingConfig; `default_repeat_penalty` stands in for a repeat_penalty left unset."""
@@ -55,7 +56,7 @@ class ChatSettings:
 
     def set(self, name: str, text: str) -> None:
         """Parse `text` for setting `name` and apply it if valid; LocalLLMError with the reason if not."""
-        kinds = {f.name: f.type for f in fields(self)}
+        kinds = {f.name: f.type for f in fields(self) if f.name != "grammar"}
         if name not in kinds:
             raise LocalLLMError(f"unknown setting '{name}' (settings: {', '.join(kinds)})")
         value = _parse_value(name, text, kinds[name])
@@ -210,7 +211,7 @@ class Conversation:
         return {
             "format": SAVE_FORMAT,
             "model": str(self.model.path),
-            "settings": asdict(self.settings),
+            "settings": {k: v for k, v in asdict(self.settings).items() if k != "grammar"},
             "messages": self.messages,
         }
 
@@ -230,9 +231,9 @@ class Conversation:
         messages = data.get("messages") if isinstance(data, dict) else None
         if not isinstance(messages, list) or not all(_is_message(m) for m in messages):
             raise LocalLLMError(f"{path}: not a saved conversation (no list of role/content messages)")
-        settings = ChatSettings()
+        settings = ChatSettings(grammar=self.settings.grammar)  # the grammar is the command line's
         for name, value in (data.get("settings") or {}).items():
-            if name in {f.name for f in fields(settings)}:
+            if name in {f.name for f in fields(settings)} - {"grammar"}:
                 settings.set(name, "none" if value is None else str(value))
         self.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
         self.settings = settings

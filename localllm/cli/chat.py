@@ -46,6 +46,8 @@ def chat(
     min_p: float = opt.MinP,
     repeat_penalty: Optional[float] = opt.RepeatPenalty,
     seed: Optional[int] = opt.Seed,
+    grammar: Optional[str] = opt.GrammarFile,
+    json_schema: Optional[str] = opt.JsonSchema,
     ctx: Optional[int] = opt.Ctx,
     threads: Optional[int] = opt.Threads,
     backend: str = opt.Backend,
@@ -57,7 +59,7 @@ def chat(
 
     settings = ChatSettings(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
-        seed=seed, max_tokens=max_tokens, verbose=verbose,
+        seed=seed, max_tokens=max_tokens, verbose=verbose, grammar=opt.grammar_option(grammar, json_schema),
     )
     try:
         settings.sampling()

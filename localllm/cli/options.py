@@ -42,6 +42,10 @@ RepeatPenalty = typer.Option(
     show_default=False,
 )
 Seed = typer.Option(None, "--seed", help="Same seed, same tokens.")
+GrammarFile = typer.Option(None, "--grammar", help="GBNF grammar file (llama.cpp's format): the output follows it.",
+                           show_default=False)
+JsonSchema = typer.Option(None, "--json-schema", show_default=False,
+                          help="JSON Schema, as a file or inline JSON: the output is JSON valid under it.")
 Stop = typer.Option(None, "--stop", help="Stop string (repeatable).")
 
 
@@ -55,3 +59,33 @@ def sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def grammar_option(grammar_file: Optional[str], json_schema: Optional[str]) -> Optional[str]:
+    """The GBNF text of --grammar FILE or --json-schema FILE|JSON (None without either); a bad file or
+    grammar is a bad parameter, with the reason."""
+    if grammar_file is None and json_schema is None:
+        return None
+    from pathlib import Path
+
+    from ..grammar import GrammarError, grammar_text
+
+    try:
+        if grammar_file is not None:
+            grammar = _read_text(grammar_file, "--grammar")
+            return grammar_text(grammar=grammar, json_schema=None if json_schema is None else json_schema)
+        schema = json_schema
+        if not schema.lstrip().startswith(("{", "[", "true", "false")) or Path(schema).is_file():
+            schema = _read_text(schema, "--json-schema")
+        return grammar_text(json_schema=schema)
+    except GrammarError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _read_text(path: str, option: str) -> str:
+    from pathlib import Path
+
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"{option}: cannot read {path!r}: {getattr(exc, 'strerror', None) or exc}") from None

@@ -23,6 +23,8 @@ def run(
     repeat_penalty: Optional[float] = opt.RepeatPenalty,
     seed: Optional[int] = opt.Seed,
     stop: Optional[List[str]] = opt.Stop,
+    grammar: Optional[str] = opt.GrammarFile,
+    json_schema: Optional[str] = opt.JsonSchema,
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template to the prompt (a base model: a transcript)."),
     json_out: bool = typer.Option(False, "--json", help="Print {prompt_tokens, tokens, text, timings}."),
     ctx: Optional[int] = opt.Ctx,
@@ -40,6 +42,7 @@ def run(
     if max_tokens < 0:
         raise typer.BadParameter("--max-tokens must be >= 0")
     config = opt.sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
+    config = dataclasses.replace(config, grammar=opt.grammar_option(grammar, json_schema))
     with ui.pull_progress() as progress:
         path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
     llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)

@@ -93,7 +93,7 @@ class Sequence:
         self.n_prompt = len(req.prompt)
         self.n_past = n_cached  # tokens of self.ids whose K/V are in the cache
         self.blocks = blocks
-        self.sampler = Sampler(req.sampling, n_vocab)
+        self.sampler = Sampler(req.sampling, n_vocab, tokenizer)
         self.timings = Timings(prompt_tokens=self.n_prompt, cached_tokens=n_cached)
         self.out = SequenceOutput(tokenizer, self.ids, max_tokens=req.max_tokens, n_ctx=n_ctx, timings=self.timings,
                                   stop=req.stop, top_logprobs=req.top_logprobs)
@@ -198,7 +198,8 @@ class Engine:
         bad = [t for t in request.prompt if not 0 <= t < self.decoder.hp.n_vocab]
         if bad:
             raise LocalLLMError(f"token ids out of range: {bad[:5]}")
-        Sampler(request.sampling, self.decoder.hp.n_vocab)  # validates logit_bias ids against the vocabulary
+        # validates logit_bias ids against the vocabulary, and compiles a grammar (cached for the sequence)
+        Sampler(request.sampling, self.decoder.hp.n_vocab, self.tokenizer)
 
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> RequestHandle:
         self.check(request)

@@ -180,6 +180,7 @@ class _API:
         stream = p._boolean(body, "stream", False)
         include_usage = p.stream_options(body)
         gen = p.sampling_request(body, [], top)  # every field checked before the prompt is prepared
+        await self.compile_grammar(gen)
         gen.prompt = await self.prepare.run(self._chat_prompt, messages)
         # the template's stop strings, and its repetition penalty unless the request sets one (a base model's
         # transcript: "\nUser:" and 1.1; nothing for a model's own chat format)
@@ -192,6 +193,15 @@ class _API:
         if stream:
             return _sse(handle, renderer, include_usage)
         return await _collect(request, handle, renderer)
+
+    async def compile_grammar(self, gen) -> None:
+        """Compile the request's grammar (and, the first time, the vocabulary's trie: about a second at
+        a 262k vocabulary) on a preparation thread, not the event loop: the engine's check then finds
+        it cached."""
+        if gen.sampling.grammar is not None:
+            from ..grammar.constraint import compile_grammar
+
+            await self.prepare.run(compile_grammar, gen.sampling.grammar, self.tokenizer, self.model.decoder.hp.n_vocab)
 
     def _chat_prompt(self, messages: list) -> list:
         """On a preparation thread: the template's text, refused by its size when it cannot fit, then
@@ -214,6 +224,7 @@ class _API:
         stream = p._boolean(body, "stream", False)
         include_usage = p.stream_options(body)
         gen = p.sampling_request(body, [], top)  # every field checked before the prompt is tokenized
+        await self.compile_grammar(gen)
         if isinstance(prompt, str):
             self.prepare.check(prompt, "prompt")
             prompt = await self.prepare.run(self.model.tokenize, prompt)

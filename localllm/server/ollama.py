@@ -7,8 +7,9 @@ each with the text so far's next piece, then a last one with `done: true`, the r
 nanoseconds; `"stream": false` gives that last object alone with the whole text. Sampling comes from
 `options` (Ollama's names: num_predict, temperature, top_k, top_p, min_p, seed, stop, repeat_penalty,
 presence_penalty, frequency_penalty); an option localllm does not apply is ignored, as Ollama ignores
-options a runner does not know. What would change the output and is not supported (images, tools,
-`format`, `suffix`, a custom `template`, `context`) is refused with 400, never ignored.
+options a runner does not know. `format` ("json", or a JSON schema) constrains the output as
+/v1/chat/completions' response_format does. What would change the output and is not supported (images,
+tools, `suffix`, a custom `template`, `context`) is refused with 400, never ignored.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from . import protocol as p
 OPTIONS = {"num_predict": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
            "min_p": "min_p", "seed": "seed", "stop": "stop", "repeat_penalty": "repeat_penalty",
            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty"}
-UNSUPPORTED = ("images", "tools", "format", "suffix", "template", "context")
+UNSUPPORTED = ("images", "tools", "suffix", "template", "context")
 
 
 def routes(api) -> list:
@@ -61,6 +62,13 @@ def sampling_body(body: dict) -> dict:
     fields = {OPTIONS[k]: v for k, v in options.items() if k in OPTIONS}
     if fields.get("max_tokens") is not None and isinstance(fields["max_tokens"], int) and fields["max_tokens"] < 0:
         del fields["max_tokens"]
+    fmt = body.get("format")
+    if fmt == "json":  # Ollama's JSON mode: a JSON object
+        fields["json_schema"] = {"type": "object"}
+    elif isinstance(fmt, dict):  # structured outputs: a JSON schema
+        fields["json_schema"] = fmt
+    elif fmt not in (None, ""):
+        raise p.invalid("'format' must be \"json\" or a JSON schema object", "format")
     return fields
 
 
@@ -132,6 +140,7 @@ class _Ollama:
             if not prompt:  # Ollama's way to load a model: an empty prompt, answered done at once
                 return JSONResponse(self._final(model_id, "load", None, 0, "response"))
             gen = p.sampling_request(sampling_body(body), [], None)
+            await self.api.compile_grammar(gen)
             if p._boolean(body, "raw", False):
                 self.api.prepare.check(prompt, "prompt")
                 gen.prompt = await self.api.prepare.run(self.api.model.tokenize, prompt)
@@ -152,6 +161,7 @@ class _Ollama:
                     raise p.invalid(f"messages[{i}]: images and tool calls are not supported", "messages")
             messages = p.chat_messages(body)
             gen = p.sampling_request(sampling_body(body), [], None)
+            await self.api.compile_grammar(gen)
             gen.prompt = await self.api.prepare.run(self.api._chat_prompt, messages)
             self._chat_defaults(body, gen)
             return await self._run(request, body, gen, model_id, "message")

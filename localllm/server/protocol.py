@@ -167,11 +167,63 @@ def sampling_request(body: dict, prompt: list, top_logprobs: Optional[int]) -> G
             repeat_penalty=float(_number(body, "repeat_penalty", 1.0, 1e-6, 2.0**31)),
             seed=_integer(body, "seed", None, 0, 2**64 - 1),
             logit_bias=_logit_bias(body),
+            grammar=output_grammar(body),
         )
     except ValueError as exc:  # SamplingError
         raise invalid(str(exc)) from None
     return GenerationRequest(prompt=prompt, sampling=sampling, max_tokens=max_tokens, stop=_stop(body),
                              top_logprobs=top_logprobs)
+
+
+def output_grammar(body: dict) -> Optional[str]:
+    """The GBNF text the output must follow, from OpenAI's `response_format` ({"type": "text"},
+    {"type": "json_object"}: any JSON object, {"type": "json_schema", "json_schema": {"name", "schema",
+    "strict"}}) or llama.cpp's server extensions `grammar` (GBNF text) and `json_schema` (a schema);
+    None for plain text. More than one of them is refused."""
+    from ..grammar import GrammarError, grammar_text
+
+    given = [k for k in ("response_format", "grammar", "json_schema") if body.get(k) is not None]
+    if len(given) > 1:
+        raise invalid(f"give only one of {', '.join(given)}", given[1])
+    if not given:
+        return None
+    param = given[0]
+    try:
+        if param == "grammar":
+            if not isinstance(body["grammar"], str):
+                raise invalid("'grammar' must be a string (GBNF)", "grammar")
+            return grammar_text(grammar=body["grammar"])
+        if param == "json_schema":
+            return grammar_text(json_schema=_schema_value(body["json_schema"], "json_schema"))
+        return _response_format(body["response_format"])
+    except GrammarError as exc:
+        raise invalid(str(exc), param) from None
+
+
+def _schema_value(schema, param: str):
+    if not isinstance(schema, (dict, bool)):
+        raise invalid(f"'{param}' must be a JSON schema (an object)", param)
+    return schema
+
+
+def _response_format(fmt) -> Optional[str]:
+    from ..grammar import grammar_text
+
+    param = "response_format"
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise invalid("'response_format' must be an object with a string 'type'", param)
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return grammar_text(json_schema={"type": "object"})
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict):
+            raise invalid("response_format 'json_schema' must be an object with the 'schema'", param)
+        schema = spec.get("schema", {})  # OpenAI: without a schema, any JSON (object)
+        return grammar_text(json_schema=_schema_value(schema, "response_format.json_schema.schema"))
+    raise invalid(f"response_format type {_quoted(kind)} is not supported (text, json_object, json_schema)", param)
 
 
 def chat_messages(body: dict) -> list:

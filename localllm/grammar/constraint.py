@@ -1,0 +1,129 @@
+"""Grammar-constrained sampling: which tokens may come next, and the state after each chosen token.
+
+`CompiledGrammar` is a grammar's automaton bound to one vocabulary's trie, shared by every sequence that
+uses the same grammar text with the same tokenizer (cached: a server sees the same schema many times).
+It keeps the mask of each state it has seen (bool[n_vocab]), so a state met again, e.g. "inside a
+string" after every string token, costs a dictionary lookup. `Constraint` is one sequence's position in
+it: `allowed()` is the current mask, `accept(token)` moves on.
+
+End-of-generation tokens are allowed exactly when the grammar is complete; once nothing but the end can
+follow, they are the only tokens allowed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+from .automaton import DEAD, Automaton
+from .gbnf import GrammarError, parse_gbnf
+from .trie import token_trie, walk_trie
+
+# Masks kept per grammar: bool[n_vocab] each (262 KB at Gemma 3's vocabulary).
+MASKS_KEPT = 256
+
+
+class CompiledGrammar:
+    def __init__(self, text: str, trie, n_vocab: int):
+        self.automaton = Automaton(parse_gbnf(text))
+        self.trie = trie
+        self.n_vocab = n_vocab
+        self._masks: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def mask(self, state: int) -> np.ndarray:
+        """bool[n_vocab]: the tokens allowed in `state` (do not write it: it is cached)."""
+        with self._lock:
+            cached = self._masks.get(state)
+            if cached is not None:
+                self._masks.move_to_end(state)
+                return cached
+        mask = self._compute_mask(state)
+        with self._lock:
+            self._masks[state] = mask
+            if len(self._masks) > MASKS_KEPT:
+                self._masks.popitem(last=False)
+        return mask
+
+    def _compute_mask(self, state: int) -> np.ndarray:
+        automaton, trie = self.automaton, self.trie
+        mask = np.zeros(self.n_vocab, dtype=np.bool_)
+        if automaton.table[state, 0] == -2:
+            automaton.fill_rows([state])
+        n_nodes = trie.label.shape[0]
+        skipped, skipped_states = np.empty(n_nodes, dtype=np.int64), np.empty(n_nodes, dtype=np.int32)
+        roots, root_states = np.zeros(1, dtype=np.int64), np.full(1, state, dtype=np.int32)
+        while True:  # each pass walks the subtrees the one before reached through states without rows
+            n = walk_trie(trie.label, trie.depth, trie.subtree_end, trie.tok_start, trie.tok_ids,
+                          automaton.table, roots, root_states, mask, skipped, skipped_states)
+            if n == 0:
+                break
+            roots, root_states = skipped[:n].copy(), skipped_states[:n].copy()
+            automaton.fill_rows(np.unique(root_states).tolist())
+        if automaton.accepting[state]:
+            mask[trie.eog_ids[trie.eog_ids < self.n_vocab]] = True
+        return mask
+
+    def advance(self, state: int, token: int) -> int:
+        """The state after `token`'s bytes (DEAD if the grammar refuses them)."""
+        for byte in self.trie.pieces[token] if token < len(self.trie.pieces) else b"":
+            state = self.automaton.step(state, byte)
+            if state == DEAD:
+                return DEAD
+        return state
+
+
+_compiled: "OrderedDict" = OrderedDict()
+_compiled_lock = threading.Lock()
+COMPILED_KEPT = 16
+
+
+def compile_grammar(text: str, tokenizer, n_vocab: int) -> CompiledGrammar:
+    """The CompiledGrammar of a GBNF text for a tokenizer (cached, the most recent COMPILED_KEPT)."""
+    key = (text, id(tokenizer), n_vocab)
+    with _compiled_lock:
+        found = _compiled.get(key)
+        if found is not None and found.trie is token_trie(tokenizer):
+            _compiled.move_to_end(key)
+            return found
+    compiled = CompiledGrammar(text, token_trie(tokenizer), n_vocab)
+    with _compiled_lock:
+        _compiled[key] = compiled
+        while len(_compiled) > COMPILED_KEPT:
+            _compiled.popitem(last=False)
+    return compiled
+
+
+class Constraint:
+    """One sequence's place in a grammar."""
+
+    def __init__(self, grammar: CompiledGrammar):
+        self.grammar = grammar
+        self.state = grammar.automaton.start
+
+    @property
+    def complete(self) -> bool:
+        """The grammar accepts the text so far."""
+        return self.grammar.automaton.accepting[self.state]
+
+    def allowed(self) -> np.ndarray:
+        mask = self.grammar.mask(self.state)
+        if not mask.any():
+            raise GrammarError("the grammar allows no token here (no token of this vocabulary can continue it)")
+        return mask
+
+    def apply(self, scores: np.ndarray) -> np.ndarray:
+        """A copy of float32 `scores` with the tokens the grammar refuses set to -inf."""
+        out = np.full(scores.shape, -np.inf, dtype=np.float32)
+        np.copyto(out, scores, where=self.allowed())
+        return out
+
+    def accept(self, token: int) -> None:
+        if int(token) in self.grammar.trie.eog_ids:
+            return  # the end: allowed only when complete, and nothing comes after it
+        state = self.grammar.advance(self.state, int(token))
+        if state == DEAD:
+            raise GrammarError(f"token {token} does not fit the grammar here")
+        self.state = state

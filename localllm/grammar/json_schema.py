@@ -1,0 +1,457 @@
+"""JSON Schema -> GBNF: a grammar whose every complete output is JSON that validates against the schema.
+
+What is supported (as llama.cpp's converter, common/json-schema-to-grammar.cpp, supports it):
+- type: object, array, string, number, integer, boolean, null, and lists of them; no type: any JSON value;
+- object: properties (in order), required, additionalProperties (absent or false: only the declared
+  properties, as llama.cpp; true or a schema: extra string keys after them); an object type with no
+  properties is any object;
+- array: items, prefixItems (and the old list form of items), minItems, maxItems;
+- string: minLength, maxLength, format date, time, date-time and uuid (other formats: any string);
+- integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (digit by digit, so every number in the
+  range and none outside it can be written);
+- enum, const, anyOf, oneOf (as anyOf), allOf (objects merged), local $ref (#/$defs/..., #/definitions/...,
+  recursion included).
+
+Keywords that constrain in ways the grammar cannot (pattern, not, multipleOf, uniqueItems, bounds on
+non-integer numbers, ...) are refused with a GrammarError naming them, never ignored: output that does
+not validate would be a silent failure. Annotations (title, description, default, examples, ...) are
+ignored.
+
+Whitespace between tokens is limited as llama.cpp limits it (a space, or one or two newlines and up to
+20 spaces or tabs of indentation), so a model cannot loop on blank lines. Integers have at most 16
+digits, fractions and exponents likewise, unless bounds say otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .gbnf import GrammarError
+
+SPACE = '| " " | "\\n"{1,2} [ \\t]{0,20}'
+MAX_DIGITS = 16
+
+PRIMITIVES = {
+    "space": SPACE,
+    "boolean": '("true" | "false") space',
+    "null": '"null" space',
+    "integral-part": "[0] | [1-9] [0-9]{0,%d}" % (MAX_DIGITS - 1),
+    "decimal-part": "[0-9]{1,%d}" % MAX_DIGITS,
+    "number": '"-"? integral-part ("." decimal-part)? ([eE] [-+]? integral-part)? space',
+    "integer": '"-"? integral-part space',
+    "char": '[^"\\\\\\x7F\\x00-\\x1F] | [\\\\] (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})',
+    "string": '"\\"" char* "\\"" space',
+    "value": "object | array | string | number | boolean | null",
+    "object": '"{" space ( string ":" space value ("," space string ":" space value)* )? "}" space',
+    "array": '"[" space ( value ("," space value)* )? "]" space',
+    "date": '[0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [1-2] [0-9] | "3" [0-1] )',
+    "time": '( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{3} )? '
+            '( "Z" | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] )',
+    "date-string": '"\\"" date "\\"" space',
+    "time-string": '"\\"" time "\\"" space',
+    "date-time-string": '"\\"" date "T" time "\\"" space',
+    "uuid": '"\\"" [0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12} "\\"" space',
+}
+# the primitives each primitive uses
+_USES = {
+    "boolean": ["space"], "null": ["space"], "number": ["integral-part", "decimal-part", "space"],
+    "integer": ["integral-part", "space"], "string": ["char", "space"],
+    "value": ["object", "array", "string", "number", "boolean", "null"],
+    "object": ["string", "value", "space"], "array": ["value", "space"],
+    "date-string": ["date", "space"], "time-string": ["time", "space"],
+    "date-time-string": ["date", "time", "space"], "uuid": ["space"],
+}
+_FORMATS = {"date": "date-string", "time": "time-string", "date-time": "date-time-string", "uuid": "uuid"}
+
+# keywords that would constrain the output in ways a grammar here does not express
+_REFUSED = ("pattern", "patternProperties", "not", "if", "then", "else", "multipleOf", "uniqueItems",
+            "minProperties", "maxProperties", "contains", "minContains", "maxContains", "propertyNames",
+            "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties",
+            "unevaluatedItems", "$dynamicRef", "$recursiveRef")
+
+
+def json_schema_to_gbnf(schema: Any) -> str:
+    """The GBNF text of a JSON schema (a dict, a bool, or its JSON text)."""
+    builder = GrammarBuilder()
+    return builder.text(builder.schema(schema, "root-value"))
+
+
+def gbnf_literal(text: str) -> str:
+    """A GBNF literal matching exactly `text`."""
+    out = []
+    for c in text:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\r":
+            out.append("\\r")
+        elif c == "\t":
+            out.append("\\t")
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append("\\x%02X" % ord(c))
+        else:
+            out.append(c)
+    return '"' + "".join(out) + '"'
+
+
+def json_literal(value: Any) -> str:
+    """A GBNF literal of a JSON value as JSON writes it (compact)."""
+    return gbnf_literal(json.dumps(value, ensure_ascii=False))
+
+
+class GrammarBuilder:
+    """Rules built from schemas, to be composed: `schema()` returns the name of a rule for a schema
+    (trailing whitespace included), `rule()` adds one of the caller's, `text(root_body)` writes them all
+    with `root ::= root_body`."""
+
+    def __init__(self):
+        self.rules: dict = {}
+        self._refs: dict = {}  # "$ref" -> rule name
+        self._documents: list = []  # root schemas, for resolving "#/..." refs
+
+    # -- rules -----------------------------------------------------------------------------------------
+    def rule(self, name: str, body: str) -> str:
+        """Add `name ::= body` (a new name if taken by another body); returns the name used."""
+        name = re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "rule"
+        candidate, n = name, 1
+        while candidate in self.rules and self.rules[candidate] != body:
+            n += 1
+            candidate = f"{name}{n}"
+        self.rules[candidate] = body
+        return candidate
+
+    def primitive(self, name: str) -> str:
+        if name not in self.rules:
+            self.rules[name] = PRIMITIVES[name]
+            for used in _USES.get(name, ()):
+                self.primitive(used)
+        return name
+
+    def text(self, root_body: str) -> str:
+        lines = [f"root ::= {root_body}"]
+        lines += [f"{name} ::= {body}" for name, body in self.rules.items() if name != "root"]
+        return "\n".join(lines) + "\n"
+
+    # -- schemas ------------------------------------------------------------------------------------------
+    def schema(self, schema: Any, name: str) -> str:
+        """The name of a rule matching JSON values valid under `schema` (then whitespace)."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except json.JSONDecodeError as exc:
+                raise GrammarError(f"the JSON schema is not valid JSON: {exc}") from None
+        self._documents.append(schema)
+        try:
+            return self._visit(schema, name)
+        finally:
+            self._documents.pop()
+
+    def _visit(self, schema: Any, name: str) -> str:
+        if schema is True or schema == {}:
+            return self.primitive("value")
+        if schema is False:
+            raise GrammarError(f"JSON schema at {name!r}: the schema `false` allows no value")
+        if not isinstance(schema, dict):
+            raise GrammarError(f"JSON schema at {name!r}: a schema must be an object or a boolean (got {type(schema).__name__})")
+        refused = [k for k in _REFUSED if k in schema]
+        if refused:
+            raise GrammarError(f"JSON schema at {name!r}: {', '.join(refused)} is not supported")
+        if "$ref" in schema:
+            return self._ref(schema, name)
+        if "allOf" in schema:
+            return self._visit(self._merged(schema), name)
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                options = schema[key]
+                if not isinstance(options, list) or not options:
+                    raise GrammarError(f"JSON schema at {name!r}: {key} must be a non-empty list")
+                siblings = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf")}
+                names = [self._visit({**siblings, **_as_dict(o)} if siblings else o, f"{name}-{i}")
+                         for i, o in enumerate(options)]
+                return self.rule(name, " | ".join(names))
+        if "const" in schema:
+            self.primitive("space")
+            return self.rule(name, f"{json_literal(schema['const'])} space")
+        if "enum" in schema:
+            values = schema["enum"]
+            if not isinstance(values, list) or not values:
+                raise GrammarError(f"JSON schema at {name!r}: enum must be a non-empty list")
+            self.primitive("space")
+            return self.rule(name, "(" + " | ".join(json_literal(v) for v in values) + ") space")
+        kind = schema.get("type")
+        if isinstance(kind, list):
+            if not kind:
+                raise GrammarError(f"JSON schema at {name!r}: type must not be an empty list")
+            names = [self._visit({**schema, "type": k}, f"{name}-{k}") for k in kind]
+            return self.rule(name, " | ".join(names))
+        if kind is None:
+            if "properties" in schema or "additionalProperties" in schema:
+                kind = "object"
+            elif "items" in schema or "prefixItems" in schema:
+                kind = "array"
+            else:
+                return self.primitive("value")
+        build = {"object": self._object, "array": self._array, "string": self._string,
+                 "integer": self._integer, "number": self._number}.get(kind)
+        if build is not None:
+            return build(schema, name)
+        if kind in ("boolean", "null"):
+            return self.primitive(kind)
+        raise GrammarError(f"JSON schema at {name!r}: unknown type {kind!r}")
+
+    def _ref(self, schema: dict, name: str) -> str:
+        ref = schema["$ref"]
+        if ref in self._refs:
+            return self._refs[ref]
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise GrammarError(f"JSON schema at {name!r}: only local $ref (#/...) are supported (got {ref!r})")
+        target = self._documents[-1] if self._documents else {}
+        for part in [p for p in ref[1:].split("/") if p]:
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(target, dict) and part in target:
+                target = target[part]
+            elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                target = target[int(part)]
+            else:
+                raise GrammarError(f"JSON schema: $ref {ref!r} points at nothing")
+        rule_name = self.rule("ref-" + ref.rsplit("/", 1)[-1], f"(pending {ref})")  # reserved: the target may recurse
+        self._refs[ref] = rule_name
+        body_rule = self._visit(target, rule_name + "-body")
+        self.rules[rule_name] = body_rule
+        return rule_name
+
+    def _merged(self, schema: dict) -> dict:
+        """allOf's schemas as one (objects: properties and required merged; other keys: the later wins)."""
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        for part in schema["allOf"]:
+            part = _as_dict(part)
+            while "$ref" in part:
+                part = self._resolve(part["$ref"])
+            if "allOf" in part:
+                part = self._merged(part)
+            for key, value in part.items():
+                if key == "properties":
+                    merged["properties"] = {**merged.get("properties", {}), **value}
+                elif key == "required":
+                    merged["required"] = list(dict.fromkeys(list(merged.get("required", [])) + list(value)))
+                else:
+                    merged[key] = value
+        return merged
+
+    def _resolve(self, ref: str) -> dict:
+        target = self._documents[-1] if self._documents else {}
+        for part in [p for p in ref[1:].split("/") if p]:
+            if not isinstance(target, dict) or part not in target:
+                raise GrammarError(f"JSON schema: $ref {ref!r} points at nothing")
+            target = target[part]
+        return _as_dict(target)
+
+    # -- types ------------------------------------------------------------------------------------------
+    def _object(self, schema: dict, name: str) -> str:
+        properties = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if properties is None and extra in (None, True, {}):
+            return self.primitive("object")
+        properties = properties or {}
+        if not isinstance(properties, dict):
+            raise GrammarError(f"JSON schema at {name!r}: properties must be an object")
+        required = schema.get("required", [])
+        if not isinstance(required, list):
+            raise GrammarError(f"JSON schema at {name!r}: required must be a list")
+        missing = [r for r in required if r not in properties]
+        if missing and extra in (None, False):
+            raise GrammarError(f"JSON schema at {name!r}: required properties {missing} are not in properties")
+        self.primitive("space")
+        pairs = {}
+        for key, sub in properties.items():
+            value = self._visit(sub, f"{name}-{key}")
+            pairs[key] = self.rule(f"{name}-{key}-kv", f'{json_literal(key)} space ":" space {value}')
+        mandatory = [pairs[k] for k in properties if k in required]
+        optional = [pairs[k] for k in properties if k not in required]
+        if extra not in (None, False):
+            value = self._visit(extra, f"{name}-additional-value")
+            self.primitive("string")
+            optional.append(self.rule(f"{name}-additional-kvs",
+                                      f'string ":" space {value} ("," space string ":" space {value})*'))
+        body = ' "," space '.join(mandatory)
+        if optional:
+            rest = self._optional_members(optional, name, leading_comma=bool(mandatory))
+            body = f"{body} {rest}" if body else rest
+        return self.rule(name, f'"{{" space {body} "}}" space' if body else '"{" space "}" space')
+
+    def _optional_members(self, members: list, name: str, leading_comma: bool) -> str:
+        """Any ordered subset of `members`, comma-separated (after a comma when something came before),
+        each subset written one way only."""
+        # tail_i: ("," member_i)? tail_{i+1}: the members after one that is present
+        tails = [""] * (len(members) + 1)
+        for i in range(len(members) - 1, -1, -1):
+            body = f'("," space {members[i]})?' + (f" {tails[i + 1]}" if tails[i + 1] else "")
+            tails[i] = self.rule(f"{name}-tail{i}", body)
+        if leading_comma:
+            return tails[0]
+        firsts = [members[i] + (f" {tails[i + 1]}" if tails[i + 1] else "") for i in range(len(members))]
+        return "(" + " | ".join(firsts) + ")?"
+
+    def _array(self, schema: dict, name: str) -> str:
+        prefix = schema.get("prefixItems")
+        items = schema.get("items")
+        if isinstance(items, list):  # the old tuple form of prefixItems
+            prefix, items = items, None
+        low = _count(schema, "minItems", name, 0)
+        high = _count(schema, "maxItems", name, None)
+        if high is not None and high < low:
+            raise GrammarError(f"JSON schema at {name!r}: maxItems is below minItems")
+        self.primitive("space")
+        if prefix is not None:
+            # exactly the prefix items: valid whatever further items the schema would allow
+            if not isinstance(prefix, list) or not prefix:
+                raise GrammarError(f"JSON schema at {name!r}: prefixItems must be a non-empty list")
+            if low > len(prefix) or (high is not None and high < len(prefix)):
+                raise GrammarError(f"JSON schema at {name!r}: prefixItems with minItems/maxItems beyond them is not supported")
+            names = [self._visit(s, f"{name}-{i}") for i, s in enumerate(prefix)]
+            return self.rule(name, '"[" space ' + ' "," space '.join(names) + ' "]" space')
+        item = self._visit(items if items is not None else True, f"{name}-item")
+        if low == 0:
+            if high == 0:
+                return self.rule(name, '"[" space "]" space')
+            more = _repeat(f'"," space {item}', 0, None if high is None else high - 1)
+            return self.rule(name, f'"[" space ( {item} {more} )? "]" space')
+        more = _repeat(f'"," space {item}', low - 1, None if high is None else high - 1)
+        return self.rule(name, f'"[" space {item} {more} "]" space')
+
+    def _string(self, schema: dict, name: str) -> str:
+        fmt = schema.get("format")
+        if fmt in _FORMATS and "minLength" not in schema and "maxLength" not in schema:
+            return self.primitive(_FORMATS[fmt])
+        low = _count(schema, "minLength", name, 0)
+        high = _count(schema, "maxLength", name, None)
+        if low == 0 and high is None:
+            return self.primitive("string")
+        if high is not None and high < low:
+            raise GrammarError(f"JSON schema at {name!r}: maxLength is below minLength")
+        self.primitive("char")
+        self.primitive("space")
+        return self.rule(name, f'"\\"" {_repeat("char", low, high)} "\\"" space')
+
+    def _integer(self, schema: dict, name: str) -> str:
+        low, high = _bounds(schema, name, integer=True)
+        if low is None and high is None:
+            return self.primitive("integer")
+        self.primitive("space")
+        return self.rule(name, f"( {integer_range(low, high)} ) space")
+
+    def _number(self, schema: dict, name: str) -> str:
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            if key in schema:
+                raise GrammarError(f"JSON schema at {name!r}: {key} is supported on integers only")
+        return self.primitive("number")
+
+
+def _as_dict(schema: Any) -> dict:
+    if schema is True:
+        return {}
+    if not isinstance(schema, dict):
+        raise GrammarError(f"JSON schema: expected a schema object, got {schema!r}")
+    return schema
+
+
+def _count(schema: dict, key: str, name: str, default):
+    value = schema.get(key, default)
+    if value is default:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GrammarError(f"JSON schema at {name!r}: {key} must be an integer >= 0 (got {value!r})")
+    if value > 10_000:
+        raise GrammarError(f"JSON schema at {name!r}: {key} above 10000 is not supported")
+    return value
+
+
+def _repeat(item: str, low: int, high) -> str:
+    if high is None:
+        return f"({item}){{{low},}}" if low else f"({item})*"
+    if high == 0:
+        return ""
+    return f"({item}){{{low},{high}}}"
+
+
+def _bounds(schema: dict, name: str, integer: bool) -> tuple:
+    """(lowest, highest) allowed integer (None: unbounded), from minimum/maximum and their exclusive forms."""
+    def number(key):
+        value = schema.get(key)
+        if value is None or isinstance(value, bool):
+            return None
+        if not isinstance(value, (int, float)):
+            raise GrammarError(f"JSON schema at {name!r}: {key} must be a number (got {value!r})")
+        return value
+
+    import math
+
+    low = number("minimum")
+    high = number("maximum")
+    exclusive_low, exclusive_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    low = math.ceil(low) if low is not None else None
+    high = math.floor(high) if high is not None else None
+    if exclusive_low is True and low is not None:  # draft 4: a flag on minimum
+        low += 1 if low == schema.get("minimum") else 0
+    elif number("exclusiveMinimum") is not None:
+        value = number("exclusiveMinimum")
+        strict = math.floor(value) + 1
+        low = strict if low is None else max(low, strict)
+    if exclusive_high is True and high is not None:
+        high -= 1 if high == schema.get("maximum") else 0
+    elif number("exclusiveMaximum") is not None:
+        value = number("exclusiveMaximum")
+        strict = math.ceil(value) - 1
+        high = strict if high is None else min(high, strict)
+    if low is not None and high is not None and low > high:
+        raise GrammarError(f"JSON schema at {name!r}: no integer lies between the minimum and the maximum")
+    return low, high
+
+
+def integer_range(low, high) -> str:
+    """A GBNF expression for the integers low..high written as JSON writes them (None: unbounded,
+    i.e. up to MAX_DIGITS digits)."""
+    widest = 10**MAX_DIGITS - 1
+    low = -widest if low is None else low
+    high = widest if high is None else high
+    if low > widest or high < -widest:
+        raise GrammarError(f"integer bounds beyond {MAX_DIGITS} digits are not supported")
+    low, high = max(low, -widest), min(high, widest)
+    alternatives = []
+    if low < 0:
+        alternatives.append('"-" ( ' + _natural_range(max(1, -min(high, -1)), -low) + " )")
+    if high >= 0:
+        alternatives.append(_natural_range(max(low, 0), high))
+    return " | ".join(alternatives)
+
+
+def _natural_range(low: int, high: int) -> str:
+    """Integers low..high (both >= 0), without leading zeros."""
+    parts = []
+    for length in range(len(str(low)), len(str(high)) + 1):
+        first = max(low, 10 ** (length - 1) if length > 1 else 0)
+        last = min(high, 10**length - 1)
+        if first <= last:
+            parts.append(_fixed_range(str(first), str(last)))
+    return " | ".join(f"( {p} )" if " | " in p else p for p in parts)
+
+
+def _fixed_range(a: str, b: str) -> str:
+    """Digit strings of len(a) == len(b) between a and b (leading zeros allowed inside)."""
+    n = len(a)
+    if n == 0:
+        return ""
+    if a == b:
+        return f'"{a}"'
+    if a[0] == b[0]:
+        return f'"{a[0]}" ( {_fixed_range(a[1:], b[1:])} )'
+    if a[1:] == "0" * (n - 1) and b[1:] == "9" * (n - 1):
+        return f"[{a[0]}-{b[0]}]" + (f" [0-9]{{{n - 1}}}" if n > 1 else "")
+    alternatives = [f'"{a[0]}" ( {_fixed_range(a[1:], "9" * (n - 1))} )' if n > 1 else f'"{a[0]}"']
+    if int(b[0]) - int(a[0]) > 1:
+        alternatives.append(f"[{int(a[0]) + 1}-{int(b[0]) - 1}]" + (f" [0-9]{{{n - 1}}}" if n > 1 else ""))
+    alternatives.append(f'"{b[0]}" ( {_fixed_range("0" * (n - 1), b[1:])} )' if n > 1 else f'"{b[0]}"')
+    return " | ".join(alternatives)
