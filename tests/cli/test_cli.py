@@ -222,3 +222,45 @@ def test_run_prints_text_for_every_architecture(capsys, tmp_path, arch):
     assert code == 0, err
     result = json.loads(report)
     assert result["tokens"] and out.strip() and out.rstrip("\n") == result["text"].rstrip("\n")
+
+
+def test_run_json_schema_gives_valid_json_on_the_default_model(capsys, tmp_path):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                               "people": {"type": "integer", "minimum": 1, "maximum": 10**7}},
+              "required": ["city", "people"]}
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(schema))
+    for given in (str(schema_file), json.dumps(schema)):  # a file, or the JSON inline
+        code, out, err = run_cli(capsys, "run", "gemma-3-270m", "A city:", "-n", "80", "--seed", "1",
+                                 "--json-schema", given, "--json")
+        assert code == 0, err
+        result = json.loads(out)
+        assert result["finish_reason"] == "stop"
+        jsonschema.validate(json.loads(result["text"]), schema)
+
+
+def test_run_grammar_file_constrains_the_output(capsys, tmp_path):
+    grammar = tmp_path / "yesno.gbnf"
+    grammar.write_text('root ::= " " ("yes" | "no")\n')
+    code, out, err = run_cli(capsys, "run", "gemma-3-270m", "Is water wet? Answer:", "-n", "10", "--temperature", "0",
+                             "--grammar", str(grammar))
+    assert code == 0, err
+    assert out in (" yes\n", " no\n")
+
+
+@pytest.mark.parametrize("flag,value,message", [
+    ("--grammar", "MISSING", "cannot read"),
+    ("--grammar", "BAD", "expected ')'"),
+    ("--json-schema", '{"type": "string", "pattern": "a+"}', "pattern"),
+    ("--json-schema", "{oops", "not valid JSON"),
+])
+def test_run_bad_grammar_or_schema_is_one_line_and_exit_2(capsys, tmp_path, tiny_llama, flag, value, message):
+    if value == "MISSING":
+        value = str(tmp_path / "nope.gbnf")
+    elif value == "BAD":
+        (tmp_path / "bad.gbnf").write_text('root ::= ("a"\n')
+        value = str(tmp_path / "bad.gbnf")
+    code, out, err = run_cli(capsys, "run", tiny_llama, "hi", flag, value)
+    assert code == 2 and message in err and err.count("\n") == 1 and out == ""

@@ -7,6 +7,7 @@ complete). The trie walk must give exactly that set."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
@@ -110,3 +111,17 @@ def test_bad_grammar_in_generate_is_refused_before_any_token(model):
         next(model.generate("Hi", grammar='root ::= ("a"', max_tokens=3))
     with pytest.raises(GrammarError, match="not both"):
         next(model.generate("Hi", grammar='root ::= "a"', json_schema={"type": "string"}, max_tokens=3))
+
+
+def test_a_chat_with_a_grammar_answers_every_turn_in_it(model, tmp_path):
+    from localllm.chat.conversation import ChatSettings, Conversation
+
+    grammar = 'root ::= ("Yes" | "No") "."'
+    conversation = Conversation(model, settings=ChatSettings(temperature=0, grammar=grammar))
+    for question in ("Is fire hot?", "Is ice hot?"):
+        reply = "".join(e.text for e in conversation.send(question) if e.kind == "token")
+        assert reply in ("Yes.", "No.")
+    conversation.save(tmp_path / "chat.json")
+    assert "grammar" not in json.loads((tmp_path / "chat.json").read_text())["settings"]
+    conversation.load(tmp_path / "chat.json")  # the grammar stays the command line's
+    assert conversation.settings.grammar == grammar

@@ -106,15 +106,15 @@ def test_the_stream_is_ndjson_by_default(server):
     assert all(not line["done"] for line in lines[:-1]) and lines[-1]["done"]
 
 
-@pytest.mark.parametrize("field,value", [("format", "json"), ("images", ["aGk="]), ("tools", [{"type": "function"}]),
+@pytest.mark.parametrize("field,value", [("format", "yaml"), ("images", ["aGk="]), ("tools", [{"type": "function"}]),
                                          ("suffix", "end"), ("template", "{{ .Prompt }}")])
 def test_what_would_change_the_output_and_is_not_supported_is_refused(server, field, value):
     body = {"model": "gemma-test", "prompt": "Hi", "stream": False, field: value}
     response = httpx.post(server.base_url + "/api/generate", json=body, timeout=60)
     assert response.status_code == 400 and field in response.json()["error"]
     with pytest.raises(ollama.ResponseError) as caught:  # the client's view of the same answer
-        ollama.Client(host=server.base_url).generate(model="gemma-test", prompt="Hi", stream=False, format="json")
-    assert caught.value.status_code == 400 and "format" in caught.value.error
+        ollama.Client(host=server.base_url).generate(model="gemma-test", prompt="Hi", stream=False, suffix="end")
+    assert caught.value.status_code == 400 and "suffix" in caught.value.error
 
 
 def test_another_model_is_a_404_as_ollama_answers(client):
