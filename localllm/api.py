@@ -210,7 +210,10 @@ class Model:
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         """Chat messages -> prompt token ids (the template's text, special tokens parsed, no extra BOS
         when the template already starts with it)."""
-        text = self.chat_template.apply(messages, add_generation_prompt=add_generation_prompt)
+        return self.encode_chat(self.chat_template.apply(messages, add_generation_prompt=add_generation_prompt))
+
+    def encode_chat(self, text: str) -> list[int]:
+        """A rendered chat prompt's text -> its token ids (special tokens parsed, no second BOS)."""
         ids = self.tokenizer.encode(text, add_bos=True, parse_special=True)
         bos = self.tokenizer.bos_id
         if len(ids) >= 2 and ids[0] == bos and ids[1] == bos:

@@ -86,7 +86,7 @@ def generate_tokens(
     logits, timings.cached_tokens = prefill(decoder, session, prompt, n_ctx)
     timings.prompt_seconds = time.perf_counter() - t0
     out = SequenceOutput(tokenizer, list(prompt), max_tokens=max_tokens, n_ctx=n_ctx, timings=timings, stop=stop,
-                         top_logprobs=top_logprobs, t0=t0)
+                         top_logprobs=top_logprobs, t0=t0, special=sampler.config.special_tokens)
     step_input = np.zeros(1, dtype=np.int32)  # reused: the decode loop allocates no arrays of its own
     while out.finish is None:
         token = sampler.sample(logits, out.ids)

@@ -123,7 +123,7 @@ class Sampler:
 
             if tokenizer is None:
                 raise SamplingError("a grammar needs the model's tokenizer (Sampler(..., tokenizer=...))")
-            self.constraint = Constraint(compile_grammar(config.grammar, tokenizer, self.n_vocab))
+            self.constraint = Constraint(compile_grammar(config.grammar, tokenizer, self.n_vocab, config.special_tokens))
 
     # -- public -----------------------------------------------------------------------------------------
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:

@@ -59,6 +59,9 @@ class SamplingConfig:
     max_tokens: int = 256  # the generation loop's; the Sampler does not read it
     stop: list[str] | None = None
     grammar: str | None = None  # GBNF text (localllm/grammar/): output is constrained to it
+    # Output written with control tokens' text (tool-call markers such as [TOOL_CALLS]); a grammar then
+    # matches them by that text. Off: control tokens write nothing, and a grammar never allows them.
+    special_tokens: bool = False
 
     def __post_init__(self):
         def number(name: str, low: float, high: float, allowed: str) -> None:

@@ -96,7 +96,7 @@ class Sequence:
         self.sampler = Sampler(req.sampling, n_vocab, tokenizer)
         self.timings = Timings(prompt_tokens=self.n_prompt, cached_tokens=n_cached)
         self.out = SequenceOutput(tokenizer, self.ids, max_tokens=req.max_tokens, n_ctx=n_ctx, timings=self.timings,
-                                  stop=req.stop, top_logprobs=req.top_logprobs)
+                                  stop=req.stop, top_logprobs=req.top_logprobs, special=req.sampling.special_tokens)
 
     @property
     def decoding(self) -> bool:

@@ -77,10 +77,11 @@ class SequenceOutput:
     none, the sequence is finished from the start). n_ctx: positions the sequence's cache can hold.
     top_logprobs: None, no log-probabilities (a softmax over the vocabulary per token); 0, the chosen
     token's; n, also the n most likely tokens'. t0: when the request started (time_to_first_token counts
-    from it; default now)."""
+    from it; default now). special: control tokens' text is written out (SamplingConfig.special_tokens)."""
 
     def __init__(self, tokenizer, history: list, *, max_tokens: Optional[int], n_ctx: int, timings: Timings,
-                 stop: Optional[list] = None, top_logprobs: Optional[int] = None, t0: Optional[float] = None):
+                 stop: Optional[list] = None, top_logprobs: Optional[int] = None, t0: Optional[float] = None,
+                 special: bool = False):
         from ..sampling import StopMatcher, logprobs
         from ..tokenizer import StreamDecoder
 
@@ -90,7 +91,7 @@ class SequenceOutput:
         self.n_ctx = n_ctx
         self.top_logprobs = top_logprobs
         self.timings = timings
-        self.detok = StreamDecoder(tokenizer)
+        self.detok = StreamDecoder(tokenizer, special=special)
         self.stops = StopMatcher(stop or [])
         self.eog = tokenizer.eog_ids
         self.t_decode = time.perf_counter()  # reset at the first token: generation_seconds counts from it

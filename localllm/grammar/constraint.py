@@ -80,15 +80,17 @@ _compiled_lock = threading.Lock()
 COMPILED_KEPT = 16
 
 
-def compile_grammar(text: str, tokenizer, n_vocab: int) -> CompiledGrammar:
-    """The CompiledGrammar of a GBNF text for a tokenizer (cached, the most recent COMPILED_KEPT)."""
-    key = (text, id(tokenizer), n_vocab)
+def compile_grammar(text: str, tokenizer, n_vocab: int, special: bool = False) -> CompiledGrammar:
+    """The CompiledGrammar of a GBNF text for a tokenizer (cached, the most recent COMPILED_KEPT);
+    `special`: control tokens match by their text (trie.token_trie)."""
+    key = (text, id(tokenizer), n_vocab, special)
+    trie = token_trie(tokenizer, special)
     with _compiled_lock:
         found = _compiled.get(key)
-        if found is not None and found.trie is token_trie(tokenizer):
+        if found is not None and found.trie is trie:
             _compiled.move_to_end(key)
             return found
-    compiled = CompiledGrammar(text, token_trie(tokenizer), n_vocab)
+    compiled = CompiledGrammar(text, trie, n_vocab)
     with _compiled_lock:
         _compiled[key] = compiled
         while len(_compiled) > COMPILED_KEPT:

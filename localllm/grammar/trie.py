@@ -5,8 +5,8 @@ index range [node, subtree_end[node]): the walk is one forward scan that jumps o
 the grammar refuses. A node's tokens are those whose bytes end there (tok_ids[tok_start[n]:tok_start[n+1]]).
 
 Which tokens take part: every token with a non-empty text, as the detokenizer writes it (control tokens
-write nothing and are never allowed; end-of-generation tokens are allowed by the constraint itself,
-when the grammar is complete).
+write nothing and are never allowed, unless the output is written with them: `special`; end-of-generation
+tokens are allowed by the constraint itself, when the grammar is complete).
 """
 
 from __future__ import annotations
@@ -41,19 +41,20 @@ _tries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _tries_lock = threading.Lock()
 
 
-def token_trie(tokenizer) -> TokenTrie:
-    """The trie of a tokenizer's vocabulary (built once, kept as long as the tokenizer lives)."""
+def token_trie(tokenizer, special: bool = False) -> TokenTrie:
+    """The trie of a tokenizer's vocabulary (built once, kept as long as the tokenizer lives). `special`:
+    control tokens take part with their text, as output written with them (SamplingConfig.special_tokens)."""
     with _tries_lock:
-        trie = _tries.get(tokenizer)
-        if trie is None:
-            trie = _tries[tokenizer] = build_trie(tokenizer)
-        return trie
+        tries = _tries.setdefault(tokenizer, {})
+        if special not in tries:
+            tries[special] = build_trie(tokenizer, special)
+        return tries[special]
 
 
-def build_trie(tokenizer) -> TokenTrie:
+def build_trie(tokenizer, special: bool = False) -> TokenTrie:
     n = tokenizer.vocab_size
     eog = set(tokenizer.eog_ids)
-    pieces = [b"" if i in eog else tokenizer.token_to_piece(i, special=False) for i in range(n)]
+    pieces = [b"" if i in eog else tokenizer.token_to_piece(i, special=special) for i in range(n)]
     order = sorted((i for i in range(n) if pieces[i]), key=pieces.__getitem__)
     lengths = np.fromiter((len(pieces[i]) for i in order), dtype=np.int64, count=len(order))
     offsets = np.zeros(len(order) + 1, dtype=np.int64)

@@ -180,15 +180,16 @@ class _API:
         stream = p._boolean(body, "stream", False)
         include_usage = p.stream_options(body)
         gen = p.sampling_request(body, [], top)  # every field checked before the prompt is prepared
+        calling = self.tool_calling(body, gen)
         await self.compile_grammar(gen)
-        gen.prompt = await self.prepare.run(self._chat_prompt, messages)
+        gen.prompt = await self.prepare.run(self._chat_prompt, messages, calling)
         # the template's stop strings, and its repetition penalty unless the request sets one (a base model's
         # transcript: "\nUser:" and 1.1; nothing for a model's own chat format)
         gen.stop = gen.stop + self.model.chat_stop()
         if body.get("repeat_penalty") is None:
             gen.sampling = dataclasses.replace(gen.sampling, repeat_penalty=self.model.chat_repeat_penalty())
         handle = self.engine.submit(gen, asyncio.get_running_loop())
-        renderer = _ChatRenderer(self.tokenizer, model_id, len(gen.prompt), top is not None)
+        renderer = _ChatRenderer(self.tokenizer, model_id, len(gen.prompt), top is not None, calling=calling)
         note_tokens(request, renderer)
         if stream:
             return _sse(handle, renderer, include_usage)
@@ -203,13 +204,40 @@ class _API:
 
             await self.prepare.run(compile_grammar, gen.sampling.grammar, self.tokenizer, self.model.decoder.hp.n_vocab)
 
-    def _chat_prompt(self, messages: list) -> list:
-        """On a preparation thread: the template's text, refused by its size when it cannot fit, then
-        the prompt ids as Model.render_chat makes them (it renders again: under 2 ms for 4 MB of text,
-        and the model keeps the one definition of a chat prompt)."""
-        text = self.model.chat_template.apply(messages, add_generation_prompt=True)
+    def tool_calling(self, body: dict, gen):
+        """The request's tools (chat/tools.py), or None without any: its grammar and special-token output
+        go into `gen`'s sampling. Combinations that cannot be honoured are refused."""
+        from ..chat.tools import ToolCalling, ToolError, parse_tool_choice, parse_tools
+
+        tools, choice = body.get("tools"), body.get("tool_choice")
+        if tools is None or tools == []:
+            if choice not in (None, "none", "auto"):
+                raise p.invalid("'tool_choice' needs 'tools'", "tool_choice")
+            return None
+        try:
+            parsed = parse_tools(tools)
+            calling = ToolCalling(self.model.chat_template, parsed, parse_tool_choice(choice, parsed),
+                                  p._boolean(body, "parallel_tool_calls", True))
+            grammar = calling.grammar()
+        except ToolError as exc:
+            raise p.invalid(str(exc), "tools") from None
+        except ValueError as exc:  # GrammarError: a parameter schema the grammar cannot express
+            raise p.invalid(f"tools: {exc}", "tools") from None
+        if calling.active and gen.sampling.grammar is not None:
+            raise p.invalid("'response_format' (or a grammar) together with tools is not supported", "response_format")
+        if calling.active:
+            gen.sampling = dataclasses.replace(gen.sampling, grammar=grammar, special_tokens=calling.special)
+        return calling
+
+    def _chat_prompt(self, messages: list, calling=None) -> list:
+        """On a preparation thread: the template's text (with the tools, if any), refused by its size
+        when it cannot fit, then its prompt ids."""
+        if calling is None:
+            text = self.model.chat_template.apply(messages, add_generation_prompt=True)
+        else:
+            text = calling.render(messages)
         self.prepare.check(text, "messages", "the rendered conversation")
-        return self.model.render_chat(messages)
+        return self.model.encode_chat(text)
 
     @_handler
     async def completions(self, request: Request) -> Response:
@@ -258,12 +286,16 @@ class _Renderer:
 
 
 class _ChatRenderer(_Renderer):
+    """Chat answers; with tools (chat/tools.py), content streams until a call may begin, and the calls
+    come at the end: one delta each (index, id, type, name and the whole arguments), finish 'tool_calls'."""
+
     id_prefix = "chatcmpl"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, *args):
+    def __init__(self, *args, calling=None):
         super().__init__(*args)
         self.entries: list = []
+        self.tools = calling.stream() if calling is not None and calling.active else None
 
     def first_chunk(self) -> Optional[dict]:
         return self.envelope("chat.completion.chunk", [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -273,13 +305,27 @@ class _ChatRenderer(_Renderer):
         lp = None
         if self.logprobs and event.token is not None:
             lp = {"content": [p.chat_logprob_entry(self.tokenizer, event)]}
-        if not event.text and lp is None:
+        text = event.text if self.tools is None else self.tools.feed(event.text)
+        if not text and lp is None:
             return None
-        return self.envelope("chat.completion.chunk", [{"index": 0, "delta": {"content": event.text}, "logprobs": lp,
+        return self.envelope("chat.completion.chunk", [{"index": 0, "delta": {"content": text}, "logprobs": lp,
                                                          "finish_reason": None}])
 
-    def final_chunk(self, finish: str) -> dict:
-        return self.envelope("chat.completion.chunk", [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}])
+    def final_chunks(self, finish: str) -> list:
+        chunks = []
+        if self.tools is not None:
+            rest, calls = self.tools.finish()
+            if rest:
+                chunks.append(self.envelope("chat.completion.chunk", [{"index": 0, "delta": {"content": rest},
+                                                                        "logprobs": None, "finish_reason": None}]))
+            for index, call in enumerate(calls):
+                delta = {"tool_calls": [{"index": index, **call.as_openai()}]}
+                chunks.append(self.envelope("chat.completion.chunk", [{"index": 0, "delta": delta, "logprobs": None,
+                                                                        "finish_reason": None}]))
+            finish = "tool_calls" if calls else finish
+        chunks.append(self.envelope("chat.completion.chunk", [{"index": 0, "delta": {}, "logprobs": None,
+                                                                "finish_reason": finish}]))
+        return chunks
 
     def add(self, event) -> None:
         self.pieces.append(event.text)
@@ -287,7 +333,17 @@ class _ChatRenderer(_Renderer):
             self.entries.append(p.chat_logprob_entry(self.tokenizer, event))
 
     def response(self, finish: str, timings) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": "".join(self.pieces)},
+        message = {"role": "assistant", "content": "".join(self.pieces)}
+        if self.tools is not None:
+            self.tools.feed(message["content"])
+            content, calls = self.tools.finish()
+            if calls:
+                message = {"role": "assistant", "content": content.strip() or None,
+                           "tool_calls": [c.as_openai() for c in calls]}
+                finish = "tool_calls"
+            else:
+                message["content"] = content
+        choice = {"index": 0, "message": message,
                   "logprobs": {"content": self.entries} if self.logprobs else None, "finish_reason": finish}
         out = self.envelope("chat.completion", [choice])
         out["usage"] = p.usage(timings, self.n_prompt, self.n_generated)
@@ -311,8 +367,8 @@ class _CompletionRenderer(_Renderer):
             return None
         return self.envelope("text_completion", [{"index": 0, "text": event.text, "logprobs": lp, "finish_reason": None}])
 
-    def final_chunk(self, finish: str) -> dict:
-        return self.envelope("text_completion", [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish}])
+    def final_chunks(self, finish: str) -> list:
+        return [self.envelope("text_completion", [{"index": 0, "text": "", "logprobs": None, "finish_reason": finish}])]
 
     def add(self, event) -> None:
         self.pieces.append(event.text)
@@ -346,7 +402,8 @@ def _sse(handle, renderer: _Renderer, include_usage: bool) -> StreamingResponse:
                 elif event.kind == "error":
                     yield data(p.APIError(500, event.text, type="server_error").body())
                 else:
-                    yield data(renderer.final_chunk(event.finish_reason))
+                    for chunk in renderer.final_chunks(event.finish_reason):
+                        yield data(chunk)
                     if include_usage:
                         tail = renderer.envelope(renderer.chunk_object, [])
                         tail["usage"] = p.usage(event.timings, renderer.n_prompt, renderer.n_generated)

@@ -227,7 +227,9 @@ def _response_format(fmt) -> Optional[str]:
 
 
 def chat_messages(body: dict) -> list:
-    """messages: [{role, content}] with content a string or a list of {type: 'text', text} parts."""
+    """messages: [{role, content}] with content a string or a list of {type: 'text', text} parts; an
+    assistant message may carry `tool_calls` (its content then may be null), a tool message its
+    `tool_call_id` and `name`."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid("'messages' must be a non-empty list", "messages")
@@ -247,8 +249,27 @@ def chat_messages(body: dict) -> list:
             content = "".join(parts)
         if not isinstance(content, str):
             raise invalid(f"messages[{i}].content must be a string or a list of text parts", "messages")
-        out.append({"role": message["role"], "content": content})
+        entry = {"role": message["role"], "content": content}
+        if message.get("tool_calls") is not None:
+            entry["tool_calls"] = _tool_calls(message["tool_calls"], i)
+        for key in ("tool_call_id", "name"):
+            if isinstance(message.get(key), str):
+                entry[key] = message[key]
+        out.append(entry)
     return out
+
+
+def _tool_calls(calls, i: int) -> list:
+    """An assistant message's tool_calls: [{id, type: 'function', function: {name, arguments}}]."""
+    ok = isinstance(calls, list) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        and isinstance(c["function"].get("arguments", "{}"), (str, dict)) for c in calls)
+    if not ok:
+        raise invalid(f"messages[{i}].tool_calls must be a list of {{'id', 'type': 'function', 'function': "
+                      "{'name', 'arguments'}}}", "messages")
+    return [{"id": c.get("id", ""), "type": "function",
+             "function": {"name": c["function"]["name"], "arguments": c["function"].get("arguments", "{}")}}
+            for c in calls]
 
 
 def chat_top_logprobs(body: dict) -> Optional[int]:
