@@ -242,6 +242,35 @@ class Model:
         session.tokens = list(tokens)
         return out.copy()
 
+    # -- embeddings -----------------------------------------------------------------------------------------
+    def embeddings(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False):
+        """Embed a text, a list of texts, token ids or a list of token-id lists: an embeddings.Embeddings
+        (vectors float32 [inputs, n_embd], each input's token count, the pooling used).
+
+        Each input runs alone from position 0; its final hidden states are pooled as the file says
+        (`<arch>.pooling_type`: mean, CLS or last token; a decoder without one: its last token) or as
+        `pooling` asks, then L2-normalised unless `normalize=False` (localllm/embeddings.py). An input
+        longer than the context raises ContextOverflow, or is cut to it with `truncate=True`."""
+        from .embeddings import embed
+
+        return embed(self, inputs, normalize_vectors=normalize, pooling=pooling, truncate=truncate)
+
+    def embed(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False) -> np.ndarray:
+        """The vectors of `embeddings` (float32 [inputs, n_embd], one row per input)."""
+        return self.embeddings(inputs, normalize=normalize, pooling=pooling, truncate=truncate).vectors
+
+    def embedding_cache(self, n_tokens: int) -> KVCache:
+        """A KV cache of its own for embed (the default session's stays as it is), at least n_tokens long:
+        kept and reused while long enough, grown to the longest input; new for every input of a model
+        with recurrent layers, whose state must start from zero."""
+        from .embeddings import MIN_CACHE
+
+        cache = getattr(self, "_embed_cache", None)
+        if cache is None or cache.n_ctx < n_tokens or cache.states is not None:
+            size = min(max(n_tokens, MIN_CACHE), self.n_ctx)
+            cache = self._embed_cache = KVCache(self.backend, self.decoder.hp, size, self.decoder.kv_layout())
+        return cache
+
     def warm_up(self) -> None:
         """Run a 32-token prompt and one decode step on a small scratch cache, so that the kernels a
         conversation needs are compiled (the first run on a machine: ~20 s for Gemma 3 270M) or loaded
@@ -251,6 +280,9 @@ class Model:
             return
         cache = KVCache(self.backend, self.decoder.hp, rows + 1, self.decoder.kv_layout())
         tokens = np.arange(rows, dtype=np.int32) % self.decoder.hp.n_vocab
+        if not self.decoder.GENERATES:  # an encoder: embeddings are all it computes
+            self.decoder.hidden_states(tokens, cache)
+            return
         self.decoder.forward(tokens, 0, cache)
         self.decoder.forward(tokens[:1], rows, cache)
 
