@@ -243,21 +243,25 @@ class Model:
         return out.copy()
 
     # -- embeddings -----------------------------------------------------------------------------------------
-    def embeddings(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False):
+    def embeddings(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False,
+                   dimensions: Optional[int] = None):
         """Embed a text, a list of texts, token ids or a list of token-id lists: an embeddings.Embeddings
         (vectors float32 [inputs, n_embd], each input's token count, the pooling used).
 
         Each input runs alone from position 0; its final hidden states are pooled as the file says
         (`<arch>.pooling_type`: mean, CLS or last token; a decoder without one: its last token) or as
-        `pooling` asks, then L2-normalised unless `normalize=False` (localllm/embeddings.py). An input
-        longer than the context raises ContextOverflow, or is cut to it with `truncate=True`."""
+        `pooling` asks, cut to its first `dimensions` values when given, then L2-normalised unless
+        `normalize=False` (localllm/embeddings.py). An input longer than the context raises
+        ContextOverflow, or is cut to it with `truncate=True`."""
         from .embeddings import embed
 
-        return embed(self, inputs, normalize_vectors=normalize, pooling=pooling, truncate=truncate)
+        return embed(self, inputs, normalize_vectors=normalize, pooling=pooling, truncate=truncate, dimensions=dimensions)
 
-    def embed(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False) -> np.ndarray:
+    def embed(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False,
+              dimensions: Optional[int] = None) -> np.ndarray:
         """The vectors of `embeddings` (float32 [inputs, n_embd], one row per input)."""
-        return self.embeddings(inputs, normalize=normalize, pooling=pooling, truncate=truncate).vectors
+        return self.embeddings(inputs, normalize=normalize, pooling=pooling, truncate=truncate,
+                               dimensions=dimensions).vectors
 
     def embedding_cache(self, n_tokens: int) -> KVCache:
         """A KV cache of its own for embed (the default session's stays as it is), at least n_tokens long:

@@ -104,14 +104,29 @@ def input_tokens(model, inputs: Union[Input, Sequence[Input]], truncate: bool) -
     return out
 
 
+def check_dimensions(model, dimensions: Optional[int]) -> Optional[int]:
+    """`dimensions` if the model's vectors can be cut to it (1..n_embd), else an EmbeddingError."""
+    n_embd = model.decoder.hp.n_embd
+    if dimensions is not None and not 1 <= dimensions <= n_embd:
+        raise EmbeddingError(f"dimensions must be between 1 and the model's {n_embd}, not {dimensions}")
+    return dimensions
+
+
+def embed_tokens(model, ids: list[int], pooling: str, normalize_vector: bool = True,
+                 dimensions: Optional[int] = None) -> np.ndarray:
+    """float32 [n_embd] (or [dimensions]) of one input's token ids: its hidden states on the model's
+    embedding cache, pooled, cut to the first `dimensions` values (Matryoshka-trained models keep their
+    meaning in the leading ones), then normalised."""
+    hidden = model.decoder.hidden_states(np.asarray(ids, dtype=np.int32), model.embedding_cache(len(ids)))
+    vector = pool(hidden, pooling)[:dimensions]
+    return normalize(vector) if normalize_vector else vector
+
+
 def embed(model, inputs, *, normalize_vectors: bool = True, pooling: Optional[str] = None,
-          truncate: bool = False) -> Embeddings:
+          truncate: bool = False, dimensions: Optional[int] = None) -> Embeddings:
     """Model.embeddings: see there."""
     pooling = resolve_pooling(model.reader, pooling)
+    dimensions = check_dimensions(model, dimensions)
     token_lists = input_tokens(model, inputs, truncate)
-    vectors = np.empty((len(token_lists), model.decoder.hp.n_embd), dtype=np.float32)
-    for i, ids in enumerate(token_lists):
-        hidden = model.decoder.hidden_states(np.asarray(ids, dtype=np.int32), model.embedding_cache(len(ids)))
-        vector = pool(hidden, pooling)
-        vectors[i] = normalize(vector) if normalize_vectors else vector
+    vectors = np.stack([embed_tokens(model, ids, pooling, normalize_vectors, dimensions) for ids in token_lists])
     return Embeddings(vectors, [len(ids) for ids in token_lists], pooling)
