@@ -275,6 +275,12 @@ class Model:
             cache = self._embed_cache = KVCache(self.backend, self.decoder.hp, size, self.decoder.kv_layout())
         return cache
 
+    def check_generates(self) -> None:
+        """LocalLLMError unless the model can generate text (an embedding model such as BERT cannot)."""
+        if not self.decoder.GENERATES:
+            raise LocalLLMError(f"{Path(self.path).name} is an embedding model ({self.architecture}): it does not "
+                                "generate text; use `localllm embed` or the server's embeddings endpoints")
+
     def warm_up(self) -> None:
         """Run a 32-token prompt and one decode step on a small scratch cache, so that the kernels a
         conversation needs are compiled (the first run on a machine: ~20 s for Gemma 3 270M) or loaded
@@ -316,6 +322,7 @@ class Model:
         """
         from .sampling import Sampler, SamplingConfig
 
+        self.check_generates()
         is_chat = not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
         if sampling is None:
             if is_chat:  # the template's default penalty (a base model's transcript: 1.1) unless one is given

@@ -72,3 +72,10 @@ def test_a_text_past_the_context_is_one_line_and_exit_1(capsys, bert):
     assert code == 1 and "context holds 128" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_cli(capsys, "embed", bert, "fox " * 200, "--truncate")
     assert code == 0 and len(out.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", [["run", "{model}", "hi"], ["chat", "{model}"]])
+def test_run_and_chat_refuse_an_embedding_model_in_one_line(capsys, bert, command):
+    code, out, err = run_cli(capsys, *[a.format(model=bert) for a in command])
+    assert code == 1 and "is an embedding model (bert)" in err and "localllm embed" in err
+    assert len(err.strip().splitlines()) <= 2  # chat prints the model's memory line first
