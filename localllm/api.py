@@ -138,11 +138,13 @@ class Model:
         decoder.use_context(self.n_ctx)
         self.trained_ctx = trained_context(reader)
         self._template = None
+        self._embed_cache: Optional[KVCache] = None  # embed's own cache (embedding_cache)
         self.session = self.new_session()
 
     def close(self) -> None:
         """Release the mapped file (the model cannot be used afterwards)."""
         self.session = None
+        self._embed_cache = None
         self.decoder = None
         self.reader.close()
 
@@ -269,7 +271,7 @@ class Model:
         with recurrent layers, whose state must start from zero."""
         from .embeddings import MIN_CACHE
 
-        cache = getattr(self, "_embed_cache", None)
+        cache = self._embed_cache
         if cache is None or cache.n_ctx < n_tokens or cache.states is not None:
             size = min(max(n_tokens, MIN_CACHE), self.n_ctx)
             cache = self._embed_cache = KVCache(self.backend, self.decoder.hp, size, self.decoder.kv_layout())
