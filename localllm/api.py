@@ -139,11 +139,13 @@ class Model:
         decoder.use_context(self.n_ctx)
         self.trained_ctx = trained_context(reader)
         self._template = None
+        self._embed_cache: Optional[KVCache] = None  # embed's own cache (embedding_cache)
         self.session = self.new_session()
 
     def close(self) -> None:
         """Release the mapped file (the model cannot be used afterwards)."""
         self.session = None
+        self._embed_cache = None
         self.decoder = None
         self.reader.close()
 
@@ -246,6 +248,45 @@ class Model:
         session.tokens = list(tokens)
         return out.copy()
 
+    # -- embeddings -----------------------------------------------------------------------------------------
+    def embeddings(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False,
+                   dimensions: Optional[int] = None):
+        """Embed a text, a list of texts, token ids or a list of token-id lists: an embeddings.Embeddings
+        (vectors float32 [inputs, n_embd], each input's token count, the pooling used).
+
+        Each input runs alone from position 0; its final hidden states are pooled as the file says
+        (`<arch>.pooling_type`: mean, CLS or last token; a decoder without one: its last token) or as
+        `pooling` asks, cut to its first `dimensions` values when given, then L2-normalised unless
+        `normalize=False` (localllm/embeddings.py). An input longer than the context raises
+        ContextOverflow, or is cut to it with `truncate=True`."""
+        from .embeddings import embed
+
+        return embed(self, inputs, normalize_vectors=normalize, pooling=pooling, truncate=truncate, dimensions=dimensions)
+
+    def embed(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False,
+              dimensions: Optional[int] = None) -> np.ndarray:
+        """The vectors of `embeddings` (float32 [inputs, n_embd], one row per input)."""
+        return self.embeddings(inputs, normalize=normalize, pooling=pooling, truncate=truncate,
+                               dimensions=dimensions).vectors
+
+    def embedding_cache(self, n_tokens: int) -> KVCache:
+        """A KV cache of its own for embed (the default session's stays as it is), at least n_tokens long:
+        kept and reused while long enough, grown to the longest input; new for every input of a model
+        with recurrent layers, whose state must start from zero."""
+        from .embeddings import MIN_CACHE
+
+        cache = self._embed_cache
+        if cache is None or cache.n_ctx < n_tokens or cache.states is not None:
+            size = min(max(n_tokens, MIN_CACHE), self.n_ctx)
+            cache = self._embed_cache = KVCache(self.backend, self.decoder.hp, size, self.decoder.kv_layout())
+        return cache
+
+    def check_generates(self) -> None:
+        """LocalLLMError unless the model can generate text (an embedding model such as BERT cannot)."""
+        if not self.decoder.GENERATES:
+            raise LocalLLMError(f"{Path(self.path).name} is an embedding model ({self.architecture}): it does not "
+                                "generate text; use `localllm embed` or the server's embeddings endpoints")
+
     def warm_up(self) -> None:
         """Run a 32-token prompt and one decode step on a small scratch cache, so that the kernels a
         conversation needs are compiled (the first run on a machine: ~20 s for Gemma 3 270M) or loaded
@@ -255,6 +296,9 @@ class Model:
             return
         cache = KVCache(self.backend, self.decoder.hp, rows + 1, self.decoder.kv_layout())
         tokens = np.arange(rows, dtype=np.int32) % self.decoder.hp.n_vocab
+        if not self.decoder.GENERATES:  # an encoder: embeddings are all it computes
+            self.decoder.hidden_states(tokens, cache)
+            return
         self.decoder.forward(tokens, 0, cache)
         self.decoder.forward(tokens[:1], rows, cache)
 
@@ -290,6 +334,7 @@ class Model:
         from .grammar import grammar_text
         from .sampling import Sampler, SamplingConfig
 
+        self.check_generates()
         is_chat = not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
         if sampling is None:
             if is_chat:  # the template's default penalty (a base model's transcript: 1.1) unless one is given

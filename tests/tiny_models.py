@@ -222,10 +222,12 @@ class Dims:
     n_layer: Optional[int] = None
 
 
-def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: Dims = Dims()) -> str:
-    """Write a random `arch` model with its matrices in `qtype` (norms and biases F32) to `path`."""
+def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: Dims = Dims(),
+                     spec: Optional[TinyArch] = None) -> str:
+    """Write a random `arch` model with its matrices in `qtype` (norms and biases F32) to `path` (`spec`:
+    a TinyArch not in TINY_ARCHS, named `arch`: tests/tiny_encoders.py's decoders with a pooling type)."""
     rng = np.random.default_rng(seed)
-    spec = TINY_ARCHS[arch]
+    spec = spec or TINY_ARCHS[arch]
     sizes = globals()
     N_EMBD, N_HEAD, N_KV, HEAD_DIM, N_FF = (  # noqa: N806
         sizes[name] if value is None else value
@@ -233,7 +235,7 @@ def write_tiny_model(path, arch: str, qtype: str = "F32", seed: int = 0, dims: D
                             ("HEAD_DIM", dims.head_dim), ("N_FF", dims.n_ff)))
     if spec.kv_as_query and dims.n_kv is None:
         N_KV = N_HEAD  # noqa: N806
-    n_layer = dims.n_layer or ARCH_LAYERS[arch]  # ARCH_LAYERS: cuda_checks.py shrinks it too (by entry name)
+    n_layer = dims.n_layer or ARCH_LAYERS.get(arch, spec.n_layer)  # ARCH_LAYERS: cuda_checks.py shrinks it too (by entry name)
     name, arch = arch, spec.architecture or arch
     w = GGUFWriter(path)
     w.add("general.architecture", arch)

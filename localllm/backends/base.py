@@ -158,6 +158,12 @@ class Backend(ABC):
         """out[R, D] = x[R, D] / sqrt(mean(x^2) + eps) * weight[D], row by row (R may be T or T*H)."""
 
     @abstractmethod
+    def layer_norm(self, x, weight, bias, eps: float, out) -> None:
+        """out[R, D] = (x - mean(x)) / sqrt(var(x) + eps) * weight[D] + bias[D], row by row (BERT's LayerNorm,
+        ggml_norm then the weight and the bias). Mean and variance summed in float64, as ggml does;
+        weight and bias: host float32[D]; bias may be None."""
+
+    @abstractmethod
     def rope(self, x, positions: np.ndarray, n_rot: int, base: float, neox: bool, freq_factors=None,
              freq_scale: float = 1.0, mscale: float = 1.0) -> None:
         """Rotate x[T, H, D] in place: position positions[t], first n_rot dims of each head.
@@ -182,6 +188,18 @@ class Backend(ABC):
         head's attention sink (gpt-oss): a logit that joins the softmax's sum (after the scores', as
         llama.cpp adds it) and brings no value, so the weights sum to less than one. out[T, Hq, D].
         """
+
+    def attention_bidirectional(self, q, cache_k, cache_v, start: int, scale: float, out, sinks=None) -> None:
+        """Non-causal attention (encoders: BERT): every row of q[T, Hq, D] sees every key 0..start+T-1 of
+        the cache (none masked, no window, no soft cap); GQA as in `attention`. out[T, Hq, D].
+
+        This default runs each row through `attention` as a one-row step at the last position, where the
+        causal mask covers every key: exact by construction on any backend, one call per row. A backend
+        overrides it to do the rows together (the CPU: its BLAS prefill path)."""
+        n_tokens = q.shape[0]
+        last = start + n_tokens - 1
+        for t in range(n_tokens):
+            self.attention(q[t : t + 1], cache_k, cache_v, last, scale, 0, out[t : t + 1], 0.0, sinks)
 
     # -- paged KV cache (several sequences per step; see localllm/model/kv_paged.py) ------------------
     @abstractmethod

@@ -10,6 +10,7 @@ from .. import runtime
 from . import bench as bench_cmd
 from . import chat as chat_cmd
 from . import convert as convert_cmd
+from . import embed as embed_cmd
 from . import list_cmd
 from . import perplexity as perplexity_cmd
 from . import pull as pull_cmd
@@ -54,6 +55,7 @@ app.command("chat")(chat_cmd.chat)
 app.command("show")(show_cmd.show)
 app.command("run")(run_cmd.run)
 app.command("tokenize")(tokenize_cmd.tokenize)
+app.command("embed")(embed_cmd.embed)
 app.command("bench")(bench_cmd.bench)
 app.command("serve")(serve_cmd.serve)
 app.command("list")(list_cmd.list_models)

@@ -68,6 +68,7 @@ def chat(
     if max_tokens < 1:
         raise typer.BadParameter("--max-tokens must be >= 1")
     llm = load_with_status(model, ctx, threads, yes, backend)
+    llm.check_generates()
     if llm.is_base_model:
         ui.console.print(f"[yellow]{base_model_note(llm)}[/yellow]", soft_wrap=True)
     conversation = Conversation(llm, system=system, settings=settings)

@@ -18,6 +18,10 @@ kernels (Buffers.n_rowwise), and each prefill chunk is computed as if alone with
 `generate` (PREFILL_CHUNK from the first uncached position). So a greedy request returns the same
 tokens as `Model.generate` alone, whatever else runs with it, when its prompt found nothing in the
 prefix cache (a prefix hit changes where the prefill chunks start; see docs/server.md).
+
+Work that needs the model to itself and is no sequence (an embedding: Model.embed's forward pass on its
+own cache) is handed to the engine thread with `call`, and runs there between two steps: the model's
+buffers and the backend's scratch are only ever used from this thread.
 """
 
 from __future__ import annotations
@@ -128,6 +132,7 @@ class Engine:
         self.seq_ctx = min(model.n_ctx, n_blocks * block_size)
         self.layouts = LayoutBuilder(block_size, max_rows=parallel + prefill_chunk, max_seqs=parallel)
         self._queue: deque[RequestHandle] = deque()
+        self._jobs: deque = deque()  # (fn, loop, future) of `call`, run between steps
         self._active: list[Sequence] = []
         self._wake = threading.Condition()
         self._thread: Optional[threading.Thread] = None
@@ -166,6 +171,9 @@ class Engine:
         another thread: the first parallel kernel a thread launches gives that thread its own team of
         OpenMP workers, and a warm-up from the main thread left a second team beside the engine's
         (measured, Gemma 3 270M through bench_server.py, 1 client: 58-64 tok/s against 74-79)."""
+        if not self.decoder.GENERATES:  # an encoder: it only embeds, through `call`
+            self.model.warm_up()
+            return
         bs = self.block_size
         rows = min(prompt_rows, self.seq_ctx - 1)
         need = 1 + -(-rows // bs)
@@ -191,6 +199,8 @@ class Engine:
     # -- requests ---------------------------------------------------------------------------------------------
     def check(self, request: GenerationRequest) -> None:
         """Raise what the request gets wrong before it queues (ContextOverflow, SamplingError)."""
+        if not self.decoder.GENERATES:
+            raise LocalLLMError("this is an embedding model: it does not generate text (use the embeddings endpoints)")
         if not request.prompt:
             raise LocalLLMError("the prompt is empty")
         if len(request.prompt) >= self.seq_ctx:
@@ -212,6 +222,32 @@ class Engine:
             self._wake.notify()
         return handle
 
+    def call(self, fn, loop: asyncio.AbstractEventLoop) -> asyncio.Future:
+        """Run fn() on the engine's thread between two steps, with the model to itself (an embedding's
+        forward pass): an asyncio future, on `loop`, of its result or its exception. Each call is one
+        job, so a caller with much to do (many texts) calls once per piece and the sequences being
+        generated go on stepping between them. QueueFull when max_queue jobs wait already."""
+        future = loop.create_future()
+        with self._wake:
+            if len(self._jobs) >= self.max_queue:
+                self.stats.rejected += 1
+                raise QueueFull(f"the request queue is full ({self.max_queue} waiting); try again later")
+            self._jobs.append((fn, loop, future))
+            self._wake.notify()
+        return future
+
+    def _run_job(self) -> None:
+        """The oldest job of `call`, if any."""
+        with self._wake:
+            if not self._jobs:
+                return
+            fn, loop, future = self._jobs.popleft()
+        try:
+            result, error = fn(), None
+        except Exception as exc:  # handed to the caller
+            result, error = None, exc
+        _hand_over(loop, future, result, error)
+
     @property
     def queue_length(self) -> int:
         return len(self._queue)
@@ -230,11 +266,13 @@ class Engine:
         finally:
             self.ready.set()
         while not self._stopping:
+            self._run_job()
             with self._wake:
                 self._drop_cancelled()
                 self._admit()
                 if not self._active:
-                    self._wake.wait(timeout=0.5)
+                    if not self._jobs:
+                        self._wake.wait(timeout=0.5)
                     continue
             try:
                 self._step()
@@ -245,6 +283,10 @@ class Engine:
         for seq in list(self._active):
             seq.handle.push(Event("error", text="the server is shutting down"))
             self._finish(seq)
+        with self._wake:
+            jobs, self._jobs = list(self._jobs), deque()
+        for _, loop, future in jobs:
+            _hand_over(loop, future, None, LocalLLMError("the server is shutting down"))
 
     def _positions_needed(self, request: GenerationRequest) -> int:
         """Cache positions the request can fill: its prompt and every generated token but the last."""
@@ -339,6 +381,24 @@ class Engine:
         if blocks.state_slot >= 0:
             self.states.give(blocks.state_slot)
             blocks.state_slot = -1
+
+
+def _hand_over(loop, future: asyncio.Future, result, error) -> None:
+    """A job's outcome to its caller's loop (nothing when that loop has closed meanwhile)."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, error)
+    except RuntimeError:
+        pass
+
+
+def _settle(future: asyncio.Future, result, error) -> None:
+    """On the caller's loop: a job's outcome into its future (unless the caller gave up on it)."""
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 class EngineStats:

@@ -159,6 +159,7 @@ class Decoder:
     ACTIVATION = "silu"  # gated feed-forward activation
     QKV_BIAS = False  # attn_q/k/v carry biases
     FFN_NORM = "ffn_norm"  # the feed-forward's pre-norm tensor (gpt-oss names it post_attention_norm)
+    GENERATES = True  # has an output projection to logits (an encoder has none: embeddings only)
     QK_NORM = False  # RMS norm of Q and K before RoPE: True per head (weights head_dim long), "rows" over
     # each whole projection (weights n_head * head_dim and n_head_kv * head_dim long)
 
@@ -166,6 +167,8 @@ class Decoder:
         self.ops = backend
         self.hp = HParams.from_reader(reader, n_vocab)
         self.file_tensors = frozenset(reader.tensors)  # the names in the file (for optional and fused layouts)
+        # `<arch>.attention.causal` (llama.cpp's default: causal); BERT's files say false
+        self.causal = reader.metadata.get_bool(reader.arch_key("attention.causal"), True)
         self.read_extra(reader)
         self.w: BoundWeights = bind_weights(reader, self.tensor_specs(), backend)
         self.n_ctx = self.hp.context_length  # the context the model runs at (use_context)
@@ -341,8 +344,12 @@ class Decoder:
             self.rotate(il, b, b.k)
         self.scale_queries(b)
         cache.store(ops, il, b.k, b.v, start)
-        cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn, self.attention_softcap(),
-                     w.get(p + "attn_sinks.weight"))
+        if self.causal:
+            cache.attend(ops, il, b.q, start, self.attention_scale(), self.layer_window(il), b.attn,
+                         self.attention_softcap(), w.get(p + "attn_sinks.weight"))
+        else:  # an encoder: every position sees the whole text (KVCache only: encoders are not batched)
+            ops.attention_bidirectional(b.q, cache.k[il], cache.v[il], start, self.attention_scale(), b.attn,
+                                        w.get(p + "attn_sinks.weight"))
         self.gate_attention(il, b, x)
         self.linear(b, w[p + "attn_output.weight"], b.attn.reshape(t, -1), b.o, w.get(p + "attn_output.bias"))
 
@@ -407,6 +414,22 @@ class Decoder:
 
     def _forward(self, tokens: np.ndarray, start: int, cache: KVCache, all_logits: bool) -> np.ndarray:
         n = len(tokens)
+        b = self._layers(tokens, start, cache)
+        rows = b.x if all_logits else b.x[n - 1 :]
+        normed = b.h[: rows.shape[0]]
+        self.output_norm(rows, normed)
+        logits = self._logits.get(rows.shape[0])
+        if logits is None:
+            logits = self._logits[rows.shape[0]] = self.ops.alloc((rows.shape[0], self.hp.n_vocab))
+        output = self.w.get("output.weight") or self.w["token_embd.weight"]
+        self.ops.matmul(output, normed, logits, self.w.get("output.bias"))
+        self.finish_logits(logits)
+        return self.ops.to_host(logits)
+
+    def _layers(self, tokens: np.ndarray, start: int, cache: KVCache) -> Buffers:
+        """Embed tokens[T] at positions start..start+T-1 and run every block: the buffers, b.x the last
+        hidden state (before the output norm)."""
+        n = len(tokens)
         b = self.buffers(n)
         if n == 1:
             b.positions[0] = start  # decode: no temporary array
@@ -417,16 +440,22 @@ class Decoder:
         for il in range(self.hp.n_layer):
             self.block(il, b, start, cache)
         cache.ran(start + n)
-        rows = b.x if all_logits else b.x[n - 1 :]
-        normed = b.h[: rows.shape[0]]
-        self.ops.rms_norm(rows, self.w["output_norm.weight"], self.hp.eps, normed)
-        logits = self._logits.get(rows.shape[0])
-        if logits is None:
-            logits = self._logits[rows.shape[0]] = self.ops.alloc((rows.shape[0], self.hp.n_vocab))
-        output = self.w.get("output.weight") or self.w["token_embd.weight"]
-        self.ops.matmul(output, normed, logits, self.w.get("output.bias"))
-        self.finish_logits(logits)
-        return self.ops.to_host(logits)
+        return b
+
+    def output_norm(self, x, out) -> None:
+        """out = the final norm of hidden states x [R, n_embd] (an encoder without one copies them)."""
+        self.ops.rms_norm(x, self.w["output_norm.weight"], self.hp.eps, out)
+
+    def hidden_states(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """float32 [T, n_embd], a new array: the final hidden state of each of tokens[T] run from position 0
+        (after the output norm, before the output projection: what llama.cpp pools into embeddings, its
+        t_embd). Attention as the model's (causal for a decoder; an encoder's sees the whole text)."""
+        n = len(tokens)
+        self.ops.begin_step(n)
+        b = self._layers(tokens, 0, cache)
+        self.output_norm(b.x, b.h)
+        self.ops.end_step()
+        return np.array(self.ops.to_host(b.h), dtype=np.float32)
 
     def forward_batch(self, cache, layout, logit_rows: np.ndarray) -> np.ndarray:
         """One step over several sequences of a paged cache (model/kv_paged.py).

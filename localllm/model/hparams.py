@@ -62,6 +62,16 @@ def read_count(reader, name: str, default=REQUIRED) -> int:
                                    per_layer=spec.per_layer)
 
 
+def read_eps(reader) -> float:
+    """The norms' epsilon: `attention.layer_norm_rms_epsilon` (RMS norm), or for an architecture with
+    LayerNorm instead (BERT) `attention.layer_norm_epsilon`; a file must have one of them."""
+    meta, key = reader.metadata, reader.arch_key
+    rms = key("attention.layer_norm_rms_epsilon")
+    if rms not in meta and key("attention.layer_norm_epsilon") in meta:
+        return meta.get_float(key("attention.layer_norm_epsilon"), above=0.0, below=1.0)
+    return meta.get_float(rms, above=0.0, below=1.0)
+
+
 def trunk_layers(reader) -> int:
     """The layers a forward pass runs: `block_count` less the multi-token-prediction layers that follow them
     (`nextn_predict_layers`, llama.cpp's n_layer_nextn: Qwen3.5's files carry one, which llama.cpp runs only
@@ -131,7 +141,7 @@ class HParams:
             head_dim=head_dim,
             n_ff=read_count(reader, "n_ff"),
             n_rot=read_count(reader, "n_rot", head_dim),
-            eps=meta.get_float(key("attention.layer_norm_rms_epsilon"), above=0.0, below=1.0),
+            eps=read_eps(reader),
             rope_base=meta.get_float(key(ROPE_BASE_KEY), 10000.0, above=0.0),
             rope_freq_scale=scaling.freq_scale,
             context_length=context_length,

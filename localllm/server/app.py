@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from ..engine.batching import Engine
-from . import ollama
+from . import embeddings, ollama
 from . import protocol as p
 from .access_log import AccessLog, note_tokens
 from .metrics import render_metrics
@@ -51,6 +51,7 @@ def create_app(engine: Engine, config: ServerConfig):
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
+        *embeddings.routes(api),
         *ollama.routes(api),
     ]
     app = Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})

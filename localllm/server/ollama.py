@@ -1,6 +1,6 @@
 """Ollama's API beside OpenAI's, on the same server and engine: /api/version, /api/tags, /api/ps,
-/api/show, /api/generate and /api/chat, as Ollama's own server answers them (docs/api.md of ollama/ollama;
-the `ollama` Python package is the tests' client).
+/api/show, /api/generate, /api/chat and /api/embed (its work done by server/embeddings.py), as Ollama's
+own server answers them (docs/api.md of ollama/ollama; the `ollama` Python package is the tests' client).
 
 Generation streams by default, as Ollama's does: one JSON object a line (NDJSON, `application/x-ndjson`),
 each with the text so far's next piece, then a last one with `done: true`, the reason and the timings in
@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..model.info import describe
+from . import embeddings
 from . import protocol as p
 
 # Ollama's option names -> the OpenAI request fields protocol.sampling_request reads
@@ -47,6 +48,7 @@ def routes(api) -> list:
         Route("/api/show", ollama.show, methods=["POST"]),
         Route("/api/generate", ollama.generate, methods=["POST"]),
         Route("/api/chat", ollama.chat, methods=["POST"]),
+        Route("/api/embed", ollama.embed, methods=["POST"]),
     ]
 
 
@@ -232,6 +234,30 @@ class _Ollama:
             out.update(prompt_eval_count=n_prompt, prompt_eval_duration=int(timings.prompt_seconds * 1e9),
                        eval_count=n_generated, eval_duration=int(timings.generation_seconds * 1e9))
         return out
+
+    # -- embeddings -----------------------------------------------------------------------------------------------
+    async def embed(self, request: Request) -> Response:
+        """/api/embed: {model, input: text or texts, truncate (default true), dimensions, options, keep_alive}
+        -> {model, embeddings, total_duration, load_duration, prompt_eval_count}; vectors L2-normalised, as
+        Ollama's. An empty input gives no vectors (Ollama's way to load a model); `options` and
+        `keep_alive` change nothing here (one model, always loaded)."""
+        async def embedded():
+            started = time.perf_counter_ns()
+            body = await self.api.body(request)
+            model_id = self._check_model(body)
+            value = body.get("input")
+            texts = [value] if isinstance(value, str) and value else [] if value in (None, "") else value
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise p.invalid("'input' must be a string or a list of strings", "input")
+            if len(texts) > embeddings.MAX_INPUTS:
+                raise p.invalid(f"'input' has {len(texts)} entries; at most {embeddings.MAX_INPUTS} per request", "input")
+            sampling_body(body)  # options must be an object
+            truncate = p._boolean(body, "truncate", True)
+            result = await embeddings.compute(self.api, texts, truncate, embeddings.dimensions_of(body)) if texts else None
+            return JSONResponse({"model": model_id, "embeddings": result.vectors.tolist() if result else [],
+                                 "total_duration": time.perf_counter_ns() - started, "load_duration": 0,
+                                 "prompt_eval_count": result.total_tokens if result else 0})
+        return await self._answer(request, embedded)
 
     # -- plumbing -----------------------------------------------------------------------------------------------
     def _check_model(self, body: dict) -> str:

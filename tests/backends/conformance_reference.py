@@ -148,6 +148,22 @@ def rms_norm_reference(x: np.ndarray, weight: np.ndarray, eps: float):
     return ref, (d / 2 + 8) * U * np.abs(ref)
 
 
+def layer_norm_reference(x: np.ndarray, weight: np.ndarray, bias, eps: float):
+    """out = (x - mean) / sqrt(var + eps) * weight + bias over the last axis, in float64. Bound: the
+    centred values carry the mean's rounding (U of max|x|, the float64 sums exact enough); the variance's
+    float32 rounding and the root, reciprocal and products add a few U relative to the normalised value:
+    8 U of |normalised * weight| plus U max|x| / std times |weight|, plus U |bias| for the last addition."""
+    x64 = x.astype(np.float64)
+    centred = x64 - x64.mean(axis=-1, keepdims=True)
+    std = np.sqrt((centred**2).mean(axis=-1, keepdims=True) + eps)
+    w64 = weight.astype(np.float64)
+    b64 = np.zeros_like(w64) if bias is None else bias.astype(np.float64)
+    normed = centred / std * w64
+    ref = normed + b64
+    bound = 8 * U * np.abs(normed) + 2 * U * np.abs(x64).max(axis=-1, keepdims=True) / std * np.abs(w64) + U * np.abs(ref)
+    return ref, bound
+
+
 def inverse_frequencies(n_rot: int, base: float, factors, freq_scale: float) -> np.ndarray:
     i = np.arange(n_rot // 2, dtype=np.float64)
     theta = freq_scale * base ** (-2.0 * i / n_rot)

@@ -115,6 +115,14 @@ def rms_norm(backend, x, weight, eps, in_place):
     return backend.to_host(out).copy()
 
 
+def layer_norm(backend, x, weight, bias, eps, in_place):
+    """x float32[..., D] layer-normalised row by row (bias None: none); in place, or not."""
+    src = to_backend(backend, x)
+    out = src if in_place else backend.alloc(x.shape)
+    backend.layer_norm(src, weight, bias, eps, out)
+    return backend.to_host(out).copy()
+
+
 def rope(backend, x, positions, n_rot, base, neox, factors, freq_scale, mscale=1.0):
     """x float32[T, H, D] rotated in place."""
     buffer = to_backend(backend, x)
@@ -127,6 +135,14 @@ def attention(backend, q, cache_k, cache_v, start, scale, window, softcap=0.0, s
     out = backend.alloc(q.shape)
     backend.attention(to_backend(backend, q), to_backend(backend, cache_k), to_backend(backend, cache_v),
                       start, scale, window, out, softcap, sinks)
+    return backend.to_host(out).copy()
+
+
+def attention_bidirectional(backend, q, cache_k, cache_v, start, scale, sinks=None):
+    """Non-causal attention of q float32[T, Hq, D] over the float16 caches' first start + T rows: float32[T, Hq, D]."""
+    out = backend.alloc(q.shape)
+    backend.attention_bidirectional(to_backend(backend, q), to_backend(backend, cache_k), to_backend(backend, cache_v),
+                                    start, scale, out, sinks)
     return backend.to_host(out).copy()
 
 
@@ -210,4 +226,4 @@ def softcap(backend, x, cap):
 
 
 RUNS = {f.__name__: f for f in (supports, matmul, matmul_rows, matmul_segments, matmul_experts, combine_experts, take_rows,
-                                 short_conv, delta_net, embed, rms_norm, rope, attention, kv_store, paged, gated_act, add, scale, softcap)}
+                                 short_conv, delta_net, embed, rms_norm, layer_norm, rope, attention, attention_bidirectional, kv_store, paged, gated_act, add, scale, softcap)}

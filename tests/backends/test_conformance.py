@@ -21,13 +21,14 @@ import zlib
 import numpy as np
 import pytest
 
-from backend_targets import Targets, profile_of
+from backend_targets import ATTENTION_SMALL, Targets, profile_of
 from conformance_reference import (
     U,
     attention_reference,
     dequantized,
     delta_net_reference,
     gated_act_reference,
+    layer_norm_reference,
     matmul_references,
     pairing_block,
     rms_norm_reference,
@@ -271,6 +272,19 @@ def test_take_rows_gathers_rows_exactly(targets, backend_name):
 # ----- row ops -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("with_bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+@pytest.mark.parametrize("backend_name,shape", per_backend(lambda p: p.norm_shapes, ids=lambda s: "x".join(map(str, s))))
+def test_layer_norm(targets, backend_name, shape, in_place, with_bias):
+    """Rows of the last axis, off-centre (mean 3) so that the centring matters."""
+    rng = rng_for("layer_norm", backend_name, shape, with_bias)
+    x = rng.normal(3, 2, shape).astype(np.float32)
+    weight = rng.normal(1, 0.1, shape[-1]).astype(np.float32)
+    bias = rng.normal(0, 0.5, shape[-1]).astype(np.float32) if with_bias else None
+    got = targets[backend_name].run("layer_norm", x=x, weight=weight, bias=bias, eps=1e-12, in_place=in_place)
+    assert_within(got, *layer_norm_reference(x, weight, bias, 1e-12), f"{backend_name} layer_norm {shape}")
+
+
 @pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
 @pytest.mark.parametrize("backend_name,shape", per_backend(lambda p: p.norm_shapes, ids=lambda s: "x".join(map(str, s))))
 def test_rms_norm(targets, backend_name, shape, in_place):
@@ -365,6 +379,40 @@ def test_attention(targets, backend_name, case):
     if case.softcap or case.sinks:  # the cap or the sinks change the result: without, the reference is off
         plain, _ = attention_reference(q, k, v, positions, scale, case.window)
         assert np.abs(plain - got).max() > 1e-2
+
+
+@pytest.mark.parametrize("backend_name,case", per_backend(lambda p: p.attention, ids=lambda c: c.name))
+def test_attention_bidirectional(targets, backend_name, case):
+    """Encoders' attention: every row sees all start + T keys (the cases' windows and caps do not apply;
+    their sinks do)."""
+    rng = rng_for("attention_bidirectional", backend_name, case.name)
+    q, k, v = attention_inputs(rng, case)
+    sinks = rng.normal(1.0, 1.0, case.n_head).astype(np.float32) if case.sinks else None
+    scale = case.head_dim**-0.5
+    got = targets[backend_name].run("attention_bidirectional", q=q, cache_k=k, cache_v=v, start=case.start, scale=scale,
+                                    sinks=sinks)
+    last = np.full(case.n_tokens, case.start + case.n_tokens - 1)
+    assert_within(got, *attention_reference(q, k, v, last, scale, 0, 0.0, sinks), f"{backend_name} attention_bidirectional {case}")
+    if case.n_tokens > 1:  # the causal mask would change the first rows
+        causal, _ = attention_reference(q, k, v, case.start + np.arange(case.n_tokens), scale, 0, 0.0, sinks)
+        assert np.abs(causal - got).max() > 1e-2
+
+
+@pytest.mark.parametrize("case", [c for c in ATTENTION_SMALL if not c.window], ids=lambda c: c.name)
+def test_attention_bidirectional_default(case):
+    """The interface's own attention_bidirectional (one `attention` call per row, which the CUDA backend
+    inherits), run on the CPU backend's attention: as the reference."""
+    from localllm.backends.base import Backend
+    from localllm.backends.cpu.backend import CPUBackend
+
+    rng = rng_for("attention_bidirectional_default", case.name)
+    q, k, v = attention_inputs(rng, case)
+    sinks = rng.normal(1.0, 1.0, case.n_head).astype(np.float32) if case.sinks else None
+    scale = case.head_dim**-0.5
+    out = np.zeros_like(q)
+    Backend.attention_bidirectional(CPUBackend(threads=2), q, k, v, case.start, scale, out, sinks)
+    last = np.full(case.n_tokens, case.start + case.n_tokens - 1)
+    assert_within(out, *attention_reference(q, k, v, last, scale, 0, 0.0, sinks), f"default attention_bidirectional {case}")
 
 
 def paged_layout(rng, sequences, block_size):
@@ -536,8 +584,8 @@ def test_softcap_is_tanh_within_a_few_ulp(targets, backend_name):
 # (memory, kernels, steps) are not ops. A new op fails the test below until a run covers it.
 OPS_RUN_BY = {"matmul": "matmul", "matmul_rows": "matmul_rows", "matmul_segments": "matmul_segments",
               "matmul_experts": "matmul_experts", "combine_experts": "combine_experts",
-              "take_rows": "take_rows", "embed": "embed", "rms_norm": "rms_norm", "rope": "rope",
-              "kv_store": "kv_store", "attention": "attention", "kv_store_paged": "paged", "attention_paged": "paged",
+              "take_rows": "take_rows", "embed": "embed", "rms_norm": "rms_norm", "layer_norm": "layer_norm", "rope": "rope",
+              "kv_store": "kv_store", "attention": "attention", "attention_bidirectional": "attention_bidirectional", "kv_store_paged": "paged", "attention_paged": "paged",
               "gated_act": "gated_act", "add": "add", "scale": "scale", "softcap": "softcap",
               "short_conv": "short_conv", "delta_net": "delta_net"}
 NOT_OPS = {"plan_memory", "prepare_kernels", "wait_for_kernels", "supports", "upload", "alloc", "to_host",

@@ -41,10 +41,11 @@ class BlasAttention:
         return buf[:size]
 
     def __call__(self, q, cache_k, cache_v, start: int, scale: float, window: int, out, softcap: float = 0.0,
-                 sinks=None) -> None:
+                 sinks=None, causal: bool = True) -> None:
         """q float32[T, Hq, D]; cache float16[n_ctx, Hkv, D] (positions < start + T filled);
         out float32[T, Hq, D]. Query t sits at position start + t. softcap, sinks (float32[Hq], -inf for
-        none): see masked_softmax_rows."""
+        none): see masked_softmax_rows. Not `causal` (an encoder; window 0): every query sees all
+        start + T keys."""
         n_tokens, n_head, head_dim = q.shape
         n_kv = cache_k.shape[1]
         window = int(window)
@@ -60,7 +61,7 @@ class BlasAttention:
             kernels.f16_head_to_f32(v_bits, g, lo, kv[g, 1])
         jobs = [(g, t0) for g in range(n_kv) for t0 in range(0, n_tokens, self.block)]
         workers = min(self.workers, len(jobs))
-        args = (q, kv, lo, start, np.float32(scale), np.float32(softcap), window, out, sinks)
+        args = (q, kv, lo, start, np.float32(scale), np.float32(softcap), window, out, sinks, causal)
         if workers <= 1:
             self._blocks(jobs, 0, *args)
             return
@@ -74,7 +75,8 @@ class BlasAttention:
         for future in futures:
             future.result()
 
-    def _blocks(self, jobs, worker: int, q, kv, lo: int, start: int, scale, softcap, window: int, out, sinks) -> None:
+    def _blocks(self, jobs, worker: int, q, kv, lo: int, start: int, scale, softcap, window: int, out, sinks,
+                causal: bool = True) -> None:
         """The (KV head g, query block from t0) jobs, on this worker's scratch."""
         n_tokens, n_head, head_dim = q.shape
         n_kv = kv.shape[0]
@@ -92,11 +94,14 @@ class BlasAttention:
             rows = (t1 - t0) * group
             first_pos = start + t0
             k0 = max(lo, first_pos - window + 1) if window > 0 else 0  # keys [k0, k1) cover the block
-            k1 = start + t1
+            k1 = start + t1 if causal else n_keys
             s = scores[: rows * (k1 - k0)].reshape(rows, k1 - k0)
             qb = q[t0:t1, heads].reshape(rows, head_dim)  # a view when n_kv == 1
             np.matmul(qb, kv[g, 0, k0 - lo : k1 - lo].T, out=s)
-            kernels.masked_softmax_rows(s, first_pos, group, k0, scale, softcap, window, sinks[heads])
+            if causal:
+                kernels.masked_softmax_rows(s, first_pos, group, k0, scale, softcap, window, sinks[heads])
+            else:  # every row as the last position's (group = all rows): all keys seen; each row's head's sink
+                kernels.masked_softmax_rows(s, n_keys - 1, rows, k0, scale, softcap, 0, np.tile(sinks[heads], t1 - t0))
             if direct:
                 np.matmul(s, kv[g, 1, k0 - lo : k1 - lo], out=out[t0:t1].reshape(rows, head_dim))
             else:

@@ -84,6 +84,7 @@ class CPUBackend(Backend):
         self._scores = np.empty(0, dtype=np.float32)
         self._blas_attention = BlasAttention()
         self._gelu_table = None
+        self._zero_vectors: dict[int, np.ndarray] = {}  # D -> float32[D] of zeros: layer_norm without a bias
         self._paged_rows = np.empty(0, dtype=np.int32)
         self._expert_packs: dict[int, tuple] = {}  # id(expert tensor) -> (it, its ExpertPack or None)
         self._no_sinks: dict[int, np.ndarray] = {}  # Hq -> float32[Hq] of -inf: attention without sinks
@@ -252,6 +253,17 @@ class CPUBackend(Backend):
         kernel = kernels.rms_norm if self.thread_policy.parallel(x.shape[0], x.size) else kernels.rms_norm_serial
         kernel(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
 
+    def layer_norm(self, x, weight, bias, eps, out) -> None:
+        d = weight.shape[0]
+        bias = self._no_bias(d) if bias is None else bias
+        kernels.layer_norm(x.reshape(-1, d), weight, bias, np.float32(eps), out.reshape(-1, d))
+
+    def _no_bias(self, d: int) -> np.ndarray:
+        none = self._zero_vectors.get(d)
+        if none is None:
+            none = self._zero_vectors[d] = np.zeros(d, dtype=np.float32)
+        return none
+
     def rope(self, x, positions, n_rot, base, neox, freq_factors=None, freq_scale=1.0, mscale=1.0) -> None:
         key = (n_rot, float(base), float(freq_scale), id(freq_factors))
         cached = self._inv_freq.get(key)
@@ -322,6 +334,10 @@ class CPUBackend(Backend):
         heads_per_job = self._heads_per_job(n_tokens, n_head, cache_k.shape[1], parallel)
         kernel(q, cache_k.view(np.uint16), cache_v.view(np.uint16), start, np.float32(scale), np.float32(softcap), sinks,
                int(window), out, scores, heads_per_job)
+
+    def attention_bidirectional(self, q, cache_k, cache_v, start, scale, out, sinks=None) -> None:
+        """Every row through the BLAS prefill path with the causal mask off (any number of rows)."""
+        self._blas_attention(q, cache_k, cache_v, start, scale, 0, out, 0.0, self._sinks(sinks, q.shape[1]), causal=False)
 
     def _heads_per_job(self, n_rows: int, n_head: int, n_head_kv: int, parallel: bool) -> int:
         """4 (the query heads of a key head attend together, each cached row read once for four) unless

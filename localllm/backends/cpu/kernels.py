@@ -50,6 +50,32 @@ def rms_norm_serial(x, weight, eps, out):
         _rms_norm_row(x[r], weight, eps, out[r])
 
 
+@exact_kernel
+def _layer_norm_row(x, weight, bias, eps, out):
+    """As ggml_norm (mean, then the centred values' mean square, both summed in float64 in order; the
+    centred values scaled by 1/sqrt(variance + eps) in float32), then times weight, plus bias."""
+    n = x.shape[0]
+    total = 0.0
+    for i in range(n):
+        total += np.float64(x[i])
+    mean = np.float32(total / n)
+    squares = 0.0
+    for i in range(n):
+        v = x[i] - mean
+        out[i] = v
+        squares += np.float64(v * v)
+    inv = np.float32(1.0) / np.float32(math.sqrt(np.float32(squares / n) + eps))
+    for i in range(n):
+        out[i] = out[i] * inv * weight[i] + bias[i]
+
+
+@fast_kernel(parallel=True)
+def layer_norm(x, weight, bias, eps, out):
+    """x float32[R, D], weight and bias float32[D] -> out float32[R, D] (out may be x)."""
+    for r in prange(x.shape[0]):
+        _layer_norm_row(x[r], weight, bias, eps, out[r])
+
+
 @fast_kernel
 def rope_inv_freqs(n_rot, base, freq_scale, freq_factors, out):
     """out float32[n_rot/2] = freq_scale * base^(-2i/n_rot) / freq_factors[i] (freq_factors may be empty)."""

@@ -69,6 +69,10 @@ def exercise(decoder) -> None:
     long = max(BLAS_MIN_ROWS, -(-SMALL_OP_WORK // min(hp.n_embd, hp.n_head_kv * hp.head_dim)))
     cache = KVCache(decoder.ops, hp, max(deep, long) + 1, decoder.kv_layout())
     tokens = np.arange(long, dtype=np.int32) % hp.n_vocab
+    if not decoder.GENERATES:  # an encoder (embeddings only): whole texts from position 0
+        for rows in (1, 2, TILE_MIN_ROWS, BLAS_MIN_ROWS, long):
+            decoder.hidden_states(tokens[:rows], cache)
+        return
     for rows in (2, TILE_MIN_ROWS, BLAS_MIN_ROWS, long):
         decoder.forward(tokens[:rows], 0, cache)
     decoder.forward(tokens[:1], 0, cache)

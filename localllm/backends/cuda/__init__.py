@@ -73,6 +73,7 @@ class CUDABackend(Backend):
         self._k = kernels
         self._kernels_for = kernels_for
         self._vectors: dict[int, tuple[np.ndarray, object]] = {}  # id(host array) -> (array, device copy)
+        self._zero_vectors: dict[int, np.ndarray] = {}  # D -> float32[D] of zeros: layer_norm without a bias
         self._deltas = None  # delta_net_chunks' scratch [Hv, DELTA_CHUNK, S], kept between calls
         self._no_sinks: dict[int, np.ndarray] = {}  # Hq -> float32[Hq] of -inf: attention without sinks
         self._inv_freq: dict[tuple, object] = {}
@@ -225,6 +226,20 @@ class CUDABackend(Backend):
         d = weight.shape[0]
         rows = x.reshape(-1, d)
         self._k.rms_norm[rows.shape[0], self.launch.threads](rows, self._device(weight), np.float32(eps), out.reshape(-1, d))
+
+    def layer_norm(self, x, weight, bias, eps, out) -> None:
+        d = weight.shape[0]
+        rows = x.reshape(-1, d)
+        bias = self._zero_vector(d) if bias is None else bias
+        self._k.layer_norm[rows.shape[0], self.launch.threads](rows, self._device(weight), self._device(bias),
+                                                               np.float32(eps), out.reshape(-1, d))
+
+    def _zero_vector(self, d: int) -> np.ndarray:
+        """A host float32[D] of zeros, the same array each time (so _device uploads it once)."""
+        zeros = self._zero_vectors.get(d)
+        if zeros is None:
+            zeros = self._zero_vectors[d] = np.zeros(d, dtype=np.float32)
+        return zeros
 
     def _inv_freqs(self, n_rot, base, freq_factors, freq_scale):
         """float32[n_rot/2] = freq_scale * base^(-2i/n_rot) / freq_factors[i], in float64 as the CPU does."""

@@ -103,6 +103,29 @@ def rms_norm(x, weight, eps, out):
 
 
 @cuda.jit
+def layer_norm(x, weight, bias, eps, out):
+    """x float32[R, D], weight and bias float32[D] -> out float32[R, D] (may be x); one block per row. As
+    the CPU backend: mean, then the centred values' mean square, both summed in float64; out =
+    (x - mean) * inv * weight + bias in float32."""
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    d = x.shape[1]
+    red = cuda.shared.array(MAX_THREADS, np.float64)
+    s = np.float64(0.0)
+    for i in range(tid, d, cuda.blockDim.x):
+        s += np.float64(x[r, i])
+    mean = np.float32(_block_sum(red, s) / d)
+    s = np.float64(0.0)
+    for i in range(tid, d, cuda.blockDim.x):
+        v = x[r, i] - mean
+        s += np.float64(v * v)
+    variance = np.float32(_block_sum(red, s) / d)
+    inv = np.float32(1.0) / np.float32(math.sqrt(variance + eps))
+    for i in range(tid, d, cuda.blockDim.x):
+        out[r, i] = (x[r, i] - mean) * inv * weight[i] + bias[i]
+
+
+@cuda.jit
 def rope(x, positions, inv_freq, neox, mscale):
     """Rotate x float32[T, H, D] in place; positions int32[T]; inv_freq float32[n_rot/2] (the host
     computes it as the CPU backend does); cos and sin times mscale. Angles in float64: positions reach

@@ -25,6 +25,8 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "qwen35": ("qwen35", "Qwen35"),
     "qwen35moe": ("qwen35moe", "Qwen35Moe"),
     "qwen3next": ("qwen3next", "Qwen3Next"),
+    "bert": ("bert", "Bert"),
+    "nomic-bert": ("bert", "NomicBert"),
 }
 
 

@@ -51,6 +51,11 @@ def test_take_rows_and_the_batching_engine_under_the_cuda_simulator():
     assert re.search(r"\b2 passed\b", run_under_simulator("cuda_engine_checks.py"))
 
 
+def test_encoders_under_the_cuda_simulator():
+    # cuda_embed_checks.py: BERT and nomic-bert's hidden states and Model.embed on the CUDA backend as on the CPU
+    assert re.search(r"\b2 passed\b", run_under_simulator("cuda_embed_checks.py"))
+
+
 # ----- selecting the backend from the CLI (this process: no simulator) ---------------------------------------
 
 
