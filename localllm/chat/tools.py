@@ -231,7 +231,6 @@ class ToolCalling:
         """<tool_call>\\n<function=NAME>\\n(<parameter=KEY>\\nVALUE\\n</parameter>\\n)*</function>\\n</tool_call>"""
         from ..grammar.json_schema import gbnf_literal
 
-        builder.rule("raw-text", '[^<]*')  # a string value, written raw: no '<' (it could start the closing tag)
         calls = []
         for tool in tools:
             schema = _arguments_schema(tool)
@@ -239,7 +238,12 @@ class ToolCalling:
             required = set(schema.get("required") or [])
             parts = []
             for key, sub in properties.items():
-                value = "raw-text" if isinstance(sub, dict) and sub.get("type") == "string" else builder.schema(sub, f"{tool.name}-{key}")
+                if isinstance(sub, dict) and sub.get("type") == "string":
+                    # written raw, without quotes; no '<' (it could begin the closing tag)
+                    low, high = sub.get("minLength", 0), sub.get("maxLength")
+                    value = builder.rule(f"{tool.name}-{key}-raw", f"[^<]{{{low},{'' if high is None else high}}}")
+                else:
+                    value = builder.schema(sub, f"{tool.name}-{key}")
                 param = builder.rule(f"{tool.name}-{key}-param",
                                      f'{gbnf_literal(f"<parameter={key}>")} "\\n" {value} "\\n" "</parameter>" "\\n"')
                 parts.append(param if key in required else f"{param}?")

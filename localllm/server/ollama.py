@@ -8,8 +8,9 @@ nanoseconds; `"stream": false` gives that last object alone with the whole text.
 `options` (Ollama's names: num_predict, temperature, top_k, top_p, min_p, seed, stop, repeat_penalty,
 presence_penalty, frequency_penalty); an option localllm does not apply is ignored, as Ollama ignores
 options a runner does not know. `format` ("json", or a JSON schema) constrains the output as
-/v1/chat/completions' response_format does. What would change the output and is not supported (images,
-tools, `suffix`, a custom `template`, `context`) is refused with 400, never ignored.
+/v1/chat/completions' response_format does, and /api/chat takes `tools` as /v1/chat/completions does with
+tool_choice auto (chat/tools.py). What would change the output and is not supported (images, tools on
+/api/generate, `suffix`, a custom `template`, `context`) is refused with 400, never ignored.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ def sampling_body(body: dict) -> dict:
     return fields
 
 
-def refuse_unsupported(body: dict) -> None:
+def refuse_unsupported(body: dict, allowed: tuple = ()) -> None:
     for name in UNSUPPORTED:
+        if name in allowed:
+            continue
         if body.get(name) not in (None, "", [], {}):
             raise p.invalid(f"'{name}' is not supported by localllm's Ollama API", name)
 
@@ -157,16 +160,17 @@ class _Ollama:
         async def chatted():
             body = await self.api.body(request)
             model_id = self._check_model(body)
-            refuse_unsupported(body)
+            refuse_unsupported(body, allowed=("tools",))
             for i, message in enumerate(body.get("messages") or []):
-                if isinstance(message, dict) and (message.get("images") or message.get("tool_calls")):
-                    raise p.invalid(f"messages[{i}]: images and tool calls are not supported", "messages")
+                if isinstance(message, dict) and message.get("images"):
+                    raise p.invalid(f"messages[{i}]: images are not supported", "messages")
             messages = p.chat_messages(body)
             gen = p.sampling_request(sampling_body(body), [], None)
+            calling = self.api.tool_calling({"tools": body.get("tools")}, gen)  # Ollama's choice: always auto
             await self.api.compile_grammar(gen)
-            gen.prompt = await self.api.prepare.run(self.api._chat_prompt, messages)
+            gen.prompt = await self.api.prepare.run(self.api._chat_prompt, messages, calling)
             self._chat_defaults(body, gen)
-            return await self._run(request, body, gen, model_id, "message")
+            return await self._run(request, body, gen, model_id, "message", calling)
         return await self._answer(request, chatted)
 
     def _chat_defaults(self, body: dict, gen) -> None:
@@ -176,14 +180,16 @@ class _Ollama:
         if (body.get("options") or {}).get("repeat_penalty") is None:
             gen.sampling = dataclasses.replace(gen.sampling, repeat_penalty=self.api.model.chat_repeat_penalty())
 
-    async def _run(self, request: Request, body: dict, gen, model_id: str, kind: str) -> Response:
+    async def _run(self, request: Request, body: dict, gen, model_id: str, kind: str, calling=None) -> Response:
         """Submit `gen` and answer as NDJSON chunks (the default) or one object (stream false); kind:
-        "response" (/api/generate's text field) or "message" (/api/chat's)."""
+        "response" (/api/generate's text field) or "message" (/api/chat's). With tools (`calling`), the
+        calls go into the message's tool_calls, as Ollama writes them ({"function": {name, arguments}})."""
         started = time.perf_counter_ns()
         handle = self.api.engine.submit(gen, asyncio.get_running_loop())
         n_prompt = len(gen.prompt)
+        tools = calling.stream() if calling is not None and calling.active else None
         if p._boolean(body, "stream", True):
-            return self._stream(handle, model_id, kind, n_prompt, started)
+            return self._stream(handle, model_id, kind, n_prompt, started, tools)
         pieces, n_generated = [], 0
         try:
             async for event in handle.events():
@@ -195,24 +201,36 @@ class _Ollama:
                 else:
                     final = self._final(model_id, event.finish_reason, event.timings, started, kind, n_prompt, n_generated)
                     final[kind] = self._piece("".join(pieces), kind)
+                    if tools is not None:
+                        tools.feed("".join(pieces))
+                        content, calls = tools.finish()
+                        final[kind] = self._piece(content.strip() if calls else content, kind, calls)
                     return JSONResponse(final)
         finally:
             handle.cancel()  # a no-op once done; frees the slot if the client went away
         raise p.APIError(500, "the generation ended without a result", type="server_error")
 
-    def _stream(self, handle, model_id: str, kind: str, n_prompt: int, started: int) -> StreamingResponse:
+    def _stream(self, handle, model_id: str, kind: str, n_prompt: int, started: int, tools=None) -> StreamingResponse:
+        def chunk(text: str, calls=()) -> str:
+            piece = {"model": model_id, "created_at": _now(), kind: self._piece(text, kind, calls), "done": False}
+            return json.dumps(piece, ensure_ascii=False) + "\n"
+
         async def lines():
             finished, n_generated = False, 0
             try:
                 async for event in handle.events():
                     if event.kind == "token":
                         n_generated += event.token is not None
-                        if event.text:
-                            chunk = {"model": model_id, "created_at": _now(), kind: self._piece(event.text, kind), "done": False}
-                            yield json.dumps(chunk, ensure_ascii=False) + "\n"
+                        text = event.text if tools is None else tools.feed(event.text)
+                        if text:
+                            yield chunk(text)
                     elif event.kind == "error":
                         yield json.dumps({"error": event.text}) + "\n"
                     else:
+                        if tools is not None:
+                            rest, calls = tools.finish()
+                            if rest or calls:
+                                yield chunk(rest, calls)
                         final = self._final(model_id, event.finish_reason, event.timings, started, kind, n_prompt, n_generated)
                         yield json.dumps(final, ensure_ascii=False) + "\n"
                 finished = True
@@ -222,8 +240,13 @@ class _Ollama:
         return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     @staticmethod
-    def _piece(text: str, kind: str):
-        return {"role": "assistant", "content": text} if kind == "message" else text
+    def _piece(text: str, kind: str, calls=()):
+        if kind != "message":
+            return text
+        message = {"role": "assistant", "content": text}
+        if calls:
+            message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        return message
 
     def _final(self, model_id: str, reason, timings, started: int, kind: str, n_prompt: int = 0, n_generated: int = 0) -> dict:
         """The last object of an answer: done, Ollama's reason ("stop", "length", "load") and timings (ns)."""
