@@ -8,33 +8,12 @@ from typing import Optional
 
 import typer
 
-from ..errors import ModelNotFound
 from ..hub.default_model import default_model_path
-from ..hub.pull import HubRef, looks_like_bare_repo
 from ..hub.pull import pull as pull_model
-from ..hub.resolve import is_default
+from ..hub.resolve import PULLABLE, is_default, pull_ref
 from .progress import PullProgress
 
-ACCEPTED = (
-    "a registry name, hf.co/USER/REPO[:QUANT], USER/REPO:QUANT, a huggingface.co/USER/REPO/blob/REV/FILE.gguf URL "
-    "or an Ollama name (llama3.2:1b)"
-)
-
-
-def _ref_for(name: str) -> HubRef:
-    """What MODEL names on the Hub: a registry or Ollama name's file (models/*.toml), else a parsed Hub
-    reference. A name close to known ones fails with them, as `run` does."""
-    from ..hub.resolve import close_names, remote_ref
-
-    ref = remote_ref(name)
-    if ref is not None:
-        return ref
-    if looks_like_bare_repo(name):
-        raise ModelNotFound(f"'{name}' is not a Hub reference: write hf.co/{name} (or {name}:QUANT)")
-    candidates = [] if name.lower().endswith(".gguf") else close_names(name)
-    if candidates:
-        raise ModelNotFound(f"unknown model '{name}'; did you mean {', '.join(candidates)}?")
-    raise ModelNotFound(f"cannot pull '{name}': give {ACCEPTED}")
+ACCEPTED = PULLABLE
 
 
 def pull(
@@ -51,7 +30,7 @@ def pull(
     if is_default(model):  # built in: assembled from its PyPI package, nothing to download
         print(default_model_path(models_dir))
         return
-    ref = _ref_for(model)
+    ref = pull_ref(model)
     if revision is not None:
         ref = dataclasses.replace(ref, revision=revision)
     try:

@@ -86,6 +86,29 @@ def remote_ref(name: str):
     return download.ref if download is not None else None
 
 
+PULLABLE = (
+    "a registry name, hf.co/USER/REPO[:QUANT], USER/REPO:QUANT, a huggingface.co/USER/REPO/blob/REV/FILE.gguf URL "
+    "or an Ollama name (llama3.2:1b)"
+)
+
+
+def pull_ref(name: str):
+    """What `name` names on the Hub, for `pull` (the CLI's and the server's /api/pull): a registry or
+    Ollama name's file (models/*.toml), else a parsed Hub reference. A name close to known ones fails with
+    them, as `run` does."""
+    from .pull import looks_like_bare_repo
+
+    ref = remote_ref(name)
+    if ref is not None:
+        return ref
+    if looks_like_bare_repo(name):
+        raise ModelNotFound(f"'{name}' is not a Hub reference: write hf.co/{name} (or {name}:QUANT)")
+    candidates = [] if name.lower().endswith(".gguf") else close_names(name)
+    if candidates:
+        raise ModelNotFound(f"unknown model '{name}'; did you mean {', '.join(candidates)}?")
+    raise ModelNotFound(f"cannot pull '{name}': give {PULLABLE}")
+
+
 def registry_choice(name: str):
     """The registry entry and quant that `name` means, or None."""
     from .registry import default_registry

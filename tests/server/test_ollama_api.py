@@ -14,6 +14,8 @@ import pytest
 import localllm
 from localllm.server import BackgroundServer, ServeOptions
 
+from fake_hub import fake_hub  # noqa: F401  (the fixture)
+
 N_CTX = 512
 
 
@@ -121,3 +123,27 @@ def test_another_model_is_a_404_as_ollama_answers(client):
     with pytest.raises(ollama.ResponseError) as caught:
         client.chat(model="llama3.2", messages=[{"role": "user", "content": "Hi"}], stream=False)
     assert caught.value.status_code == 404
+
+
+def test_pull_downloads_into_the_store_with_ollama_statuses(server, fake_hub, tmp_path, monkeypatch):
+    models = tmp_path / "models"
+    models.mkdir()
+    monkeypatch.setenv("LOCALLLM_MODELS", str(models))
+    repo, wanted = "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q8_0.gguf"
+    data = bytes(range(256)) * 1200
+    fake_hub.add_file(repo, wanted, data)
+    client = ollama.Client(host=server.base_url)
+    statuses = list(client.pull("llama3.2:1b-instruct-q8_0", stream=True))
+    assert statuses[0].status == "pulling manifest" and statuses[-1].status == "success"
+    download = [s for s in statuses if s.status.startswith("pulling ") and s.total]
+    assert download and download[-1].completed == download[-1].total == len(data)
+    assert [s.completed for s in download] == sorted(s.completed for s in download)
+    assert "verifying sha256 digest" in [s.status for s in statuses]
+    assert (models / wanted).read_bytes() == data
+    assert client.pull("llama3.2:1b-instruct-q8_0", stream=False).status == "success"  # already there
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.pull("lama3.2:1b", stream=False)
+    assert caught.value.status_code == 404 and "did you mean" in caught.value.error
+    with httpx.stream("POST", server.base_url + "/api/pull", json={"model": "lama3.2:1b"}, timeout=60) as response:
+        streamed = list(response.iter_lines())  # streamed: the error is the last line
+    assert json.loads(streamed[-1])["error"].startswith("unknown model")
