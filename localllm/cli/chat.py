@@ -264,7 +264,9 @@ class Repl:
         for key, value in vars(conversation.settings).items():
             if key == "repeat_penalty" and value is None:
                 value = f"{model.chat_repeat_penalty()} (the model's default)"
-            ui.console.print(f"  {key:<15} {value}")
+            if key == "grammar" and value is not None:  # the whole GBNF text would flood the screen
+                value = f"{value.count(chr(10)) + 1} lines of GBNF (--grammar / --json-schema)"
+            ui.console.print(f"  {key:<15} {value}", markup=False)
         ui.console.print(f"  {'ctx':<15} {model.n_ctx} (trained on {model.trained_ctx})")
         ui.console.print(f"  {'template':<15} {model.chat_template.name}"
                          + (" (base model: a plain transcript)" if model.is_base_model else ""))
