@@ -3,6 +3,9 @@ for llama.cpp (llama-cpp-python's completion with the same GBNF text), on the sa
 
 The figure the issue asks for is the ratio constrained / unconstrained on each engine (1.0: the grammar
 costs nothing). Greedy decoding on both, so the unconstrained runs are the same work each round.
+localllm caches each grammar's masks (grammar/constraint.py): "grammar" runs the same text again (a
+server answering one schema many times), "new grammar" a text never seen (a comment line makes it new),
+which pays for every mask the answer needs. llama.cpp keeps no masks: its one figure covers both.
 
     PYTHONPATH=/tmp/llsrc/llama_cpp_python-0.3.36 LLAMA_CPP_LIB_PATH=.../vendor/llama.cpp/build-noamx/bin \\
         python scripts/bench_grammar.py [MODEL.gguf] [--rounds 5] [--threads 2]
@@ -73,13 +76,15 @@ def main() -> None:
     gbnf = grammar_text(json_schema=SCHEMA)
     model = localllm.load(path, n_ctx=1024, threads=args.threads)
     model.warm_up()
-    engines = {"localllm": (lambda g: ours(model, g, args.max_tokens), gbnf)}
+    fresh = iter(range(10**6))
+    engines = {"localllm": (lambda g: ours(model, g, args.max_tokens), gbnf),
+               "localllm-new": (lambda g: ours(model, g and f"{g}# run {next(fresh)}\n", args.max_tokens), gbnf)}
     if not args.no_llama_cpp:
         import llama_cpp
 
         llm = llama_cpp.Llama(path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
         engines["llama.cpp"] = (lambda g: theirs(llm, g, args.max_tokens), llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False))
-    for run, grammar in engines.values():  # warm-up: compile, first masks, caches
+    for run, grammar in engines.values():  # warm-up: compile, the trie, first masks
         run(None)
         run(grammar)
     ratios = {name: [] for name in engines}
@@ -91,12 +96,12 @@ def main() -> None:
             ratios[name].append(constrained / free)
             rates[name]["free"].append(free)
             rates[name]["grammar"].append(constrained)
-            print(f"round {r + 1} {name:9s} free {free:7.1f} tok/s ({n_free} tokens)   "
+            print(f"round {r + 1} {name:12s} free {free:7.1f} tok/s ({n_free} tokens)   "
                   f"grammar {constrained:7.1f} tok/s ({n_constrained} tokens)   ratio {constrained / free:.3f}", flush=True)
     print()
     for name in engines:
         rs = ratios[name]
-        print(f"{name:9s} free {statistics.median(rates[name]['free']):7.1f}  grammar "
+        print(f"{name:12s} free {statistics.median(rates[name]['free']):7.1f}  grammar "
               f"{statistics.median(rates[name]['grammar']):7.1f} tok/s   constrained/free median {statistics.median(rs):.3f} "
               f"(range {min(rs):.3f}-{max(rs):.3f})")
 

@@ -114,6 +114,9 @@ class Automaton:
             signature = tuple((mask >> b) & 1 for mask in self.byte_sets)
             self.byte_class[b] = signatures.setdefault(signature, len(signatures))
         self.class_bytes = [np.flatnonzero(self.byte_class == c) for c in range(len(signatures))]
+        # byte set index -> the classes whose bytes it holds, so that a row visits only live classes
+        self.set_classes = [[c for c, members in enumerate(self.class_bytes) if (mask >> int(members[0])) & 1]
+                            for mask in self.byte_sets]
 
     # -- stacks -------------------------------------------------------------------------------------------
     def _expand(self, stack: tuple, out: set) -> None:
@@ -171,19 +174,36 @@ class Automaton:
                 return False
         return self.accepting[state]
 
-    def fill_rows(self, states) -> None:
-        """Compute the transition rows of `states` (each for every byte class)."""
+    def fill_rows(self, states, ahead: int = 0, most: int = 256) -> None:
+        """Compute the transition rows of `states` (each for every byte class), then, `ahead` times, those
+        of the states they lead to whose rows are still unknown (at most `most` a level): a token walk
+        that reaches them next needs no pass of its own."""
+        for _ in range(ahead + 1):
+            states = self._fill(states)
+            states = [s for s in states if self.table[s, 0] == UNKNOWN][:most]
+            if not states:
+                return
+
+    def _fill(self, states) -> list:
+        """Rows of `states`; returns the states those rows lead to."""
+        reached = set()
         with self._lock:
             for state in states:
                 if self.table[state, 0] != UNKNOWN:
                     continue  # (another thread did it)
-                row = np.empty(256, dtype=np.int32)
-                stacks = self.states[state]
-                for cls, members in enumerate(self.class_bytes):
-                    b = int(members[0])
-                    moved = [s[:-1] + (s[-1] + 1,) for s in stacks if s and (self.byte_sets[self.arg[s[-1]]] >> b) & 1]
-                    row[members] = self._intern(self._expand_all(moved)) if moved else DEAD
+                row = np.full(256, DEAD, dtype=np.int32)
+                moved: dict = {}  # class -> the stacks that read its bytes, each moved past its top element
+                for s in self.states[state]:
+                    if s:
+                        advanced = s[:-1] + (s[-1] + 1,)
+                        for cls in self.set_classes[self.arg[s[-1]]]:
+                            moved.setdefault(cls, []).append(advanced)
+                for cls, stacks in moved.items():
+                    target = self._intern(self._expand_all(stacks))
+                    row[self.class_bytes[cls]] = target
+                    reached.add(target)
                 self.table[state] = row  # (after _intern: the table may have grown)
+        return list(reached)
 
 
 def _pattern_alternatives(patterns) -> list:

@@ -23,6 +23,9 @@ from .trie import token_trie, walk_trie
 
 # Masks kept per grammar: bool[n_vocab] each (262 KB at Gemma 3's vocabulary).
 MASKS_KEPT = 256
+# Levels of rows computed beyond the states a walk stopped at (automaton.fill_rows): fewer walks of the
+# trie for a new state's mask, for a few rows that may go unused.
+FILL_AHEAD = 2
 
 
 class CompiledGrammar:
@@ -56,12 +59,12 @@ class CompiledGrammar:
         skipped, skipped_states = np.empty(n_nodes, dtype=np.int64), np.empty(n_nodes, dtype=np.int32)
         roots, root_states = np.zeros(1, dtype=np.int64), np.full(1, state, dtype=np.int32)
         while True:  # each pass walks the subtrees the one before reached through states without rows
-            n = walk_trie(trie.label, trie.depth, trie.subtree_end, trie.tok_start, trie.tok_ids,
+            n = walk_trie(trie.label, trie.depth, trie.subtree_end, trie.tok_start, trie.tok_ids, trie.max_depth,
                           automaton.table, roots, root_states, mask, skipped, skipped_states)
             if n == 0:
                 break
             roots, root_states = skipped[:n].copy(), skipped_states[:n].copy()
-            automaton.fill_rows(np.unique(root_states).tolist())
+            automaton.fill_rows(np.unique(root_states).tolist(), ahead=FILL_AHEAD)
         if automaton.accepting[state]:
             mask[trie.eog_ids[trie.eog_ids < self.n_vocab]] = True
         return mask

@@ -31,10 +31,7 @@ class TokenTrie:
     pieces: list  # token id -> its bytes (b"" for tokens not in the trie)
     n_vocab: int
     eog_ids: np.ndarray  # int64: end-of-generation tokens
-
-    @property
-    def max_depth(self) -> int:
-        return int(self.depth.max()) if self.depth.size else 0
+    max_depth: int  # bytes in the longest token
 
 
 _tries: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -69,7 +66,7 @@ def build_trie(tokenizer, special: bool = False) -> TokenTrie:
     tok_start = np.zeros(n_nodes + 1, dtype=np.int32)
     np.cumsum(np.bincount(token_node, minlength=n_nodes), out=tok_start[1:])
     return TokenTrie(label, depth, subtree_end, tok_start, ids[by_node], pieces, n,
-                     np.asarray(sorted(eog), dtype=np.int64))
+                     np.asarray(sorted(eog), dtype=np.int64), int(depth.max()) if depth.size else 0)
 
 
 @cached_kernel(nogil=True)
@@ -119,16 +116,14 @@ def _subtree_ends(depth):
 
 
 @cached_kernel(nogil=True)
-def walk_trie(label, depth, subtree_end, tok_start, tok_ids, table, roots, root_states, mask, skipped, skipped_states):
+def walk_trie(label, depth, subtree_end, tok_start, tok_ids, max_depth, table, roots, root_states, mask, skipped,
+              skipped_states):
     """Mark in mask (bool[n_vocab]) the tokens whose bytes take the automaton to a live state, walking
     the subtrees roots[k] entered from state root_states[k] (root 0: the whole trie, from its start).
     A subtree entered from a state whose row is still UNKNOWN is not walked but recorded in skipped /
     skipped_states (arrays of n_nodes entries) to be walked again once the row is known: returns how
     many were recorded (0: the mask is complete)."""
     n_nodes = label.shape[0]
-    max_depth = 0
-    for i in range(n_nodes):
-        max_depth = max(max_depth, depth[i])
     state_at = np.empty(max_depth + 1, dtype=np.int32)  # state_at[d]: the state after the node at depth d
     n_skipped = 0
     for k in range(roots.shape[0]):
