@@ -10,6 +10,8 @@ template writes (llama.cpp's common/chat.cpp recognises them the same way):
 - `llama3` (Llama 3.1, 3.2, 3.3): `{"name": ..., "parameters": {...}}` as the whole reply
 - `mistral` (Mistral Nemo): `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
 - `mistral-args` (Mistral Small 3.2, Ministral 3, Devstral): `[TOOL_CALLS]NAME[ARGS]{...}`, repeated
+- `harmony` (gpt-oss): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, the
+  call ended by `<|call|>`; the reply's content is its `final` channel
 - `generic`: every other template, the base-model transcript included (Gemma 3, Phi-4, ...). The tools
   and the answer format are described in a system message, and the reply is JSON, always constrained by
   a grammar: `{"tool_calls": [{"name": ..., "arguments": {...}}]}` or `{"response": "..."}` (llama.cpp's
@@ -122,6 +124,8 @@ def detect_format(template_source: str) -> str:
         return "hermes"
     if "[TOOL_CALLS]" in template_source:
         return "mistral-args" if "[ARGS]" in template_source else "mistral"
+    if "<|channel|>" in template_source and "functions." in template_source:
+        return "harmony"
     if "<|start_header_id|>" in template_source and '"parameters": ' in template_source:
         return "llama3"
     return "generic"
@@ -199,7 +203,10 @@ class ToolCalling:
         calls = []
         for tool in tools:
             args = builder.schema(_arguments_schema(tool), f"{tool.name}-args")
-            if self.format == "llama3":
+            if self.format == "harmony":
+                body = (f'{gbnf_literal("<|channel|>commentary to=functions." + tool.name)} '
+                        f'{gbnf_literal(" <|constrain|>json<|message|>")} {args}')
+            elif self.format == "llama3":
                 body = f'"{{" space "\\"name\\"" space ":" space {gbnf_literal(json.dumps(tool.name))} space "," space "\\"parameters\\"" space ":" space {args} "}}" space'
             elif self.format == "mistral-args":
                 body = f"{gbnf_literal(tool.name)} {gbnf_literal('[ARGS]')} {args}"
@@ -218,7 +225,7 @@ class ToolCalling:
         if self.format == "hermes":
             one = '"<tool_call>" space call "</tool_call>" space'
             return builder.text(f"( {one} ){{1,{MAX_PARALLEL_CALLS}}}" if many else one)
-        if self.format == "llama3":
+        if self.format in ("llama3", "harmony"):  # one call a reply (a harmony call ends the message)
             return builder.text("call")
         if self.format == "mistral":
             return builder.text(f'"[TOOL_CALLS]" "[" space call ("," space call){{0,{MAX_PARALLEL_CALLS - 1}}} "]" space' if many else
@@ -321,6 +328,16 @@ class ToolCalling:
         value = json.loads(body)
         return "", [ToolCall(value["name"], _arguments(value.get("parameters", value.get("arguments", {}))))]
 
+    def _parse_harmony(self, text: str):
+        final = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|end\|>|<\|return\|>|$)", text, re.DOTALL)
+        calls, decoder = [], json.JSONDecoder()
+        for found in re.finditer(r"to=functions\.([A-Za-z0-9_.\-]+)", text):
+            start = text.index("<|message|>", found.end()) + len("<|message|>")
+            calls.append(ToolCall(found.group(1), _arguments(decoder.raw_decode(text, start)[0])))
+        if final is not None:
+            return final.group(1), calls
+        return ("", calls) if calls else (text, [])
+
     def _parse_mistral(self, text: str):
         start = text.find("[TOOL_CALLS]")
         if start < 0:
@@ -365,8 +382,8 @@ class ToolStream:
         if not calling.active:
             out, self.sent = self.text[self.sent:], len(self.text)
             return out
-        if calling.format == "generic":
-            return ""  # JSON: the content is known once it has been parsed
+        if calling.format in ("generic", "harmony"):
+            return ""  # JSON, or channels: the content is known once the reply has been parsed
         if calling.format == "llama3":
             stripped = self.text.lstrip()
             if not stripped or stripped[0] in "{<":

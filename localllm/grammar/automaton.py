@@ -52,6 +52,7 @@ class Automaton:
         self.only_end: list = []  # state id -> nothing but the empty stack (no byte can follow)
         self._ids: dict = {}
         self.table = np.full((64, 256), UNKNOWN, dtype=np.int32)
+        self.accept_flags = np.zeros(64, dtype=np.uint8)  # state id -> accepting, for the trie walk
         self.start = self._intern(self._expand_all(self._root_stacks(grammar)))
 
     # -- building ---------------------------------------------------------------------------------------
@@ -154,8 +155,38 @@ class Automaton:
             if sid >= self.table.shape[0]:
                 grown = np.full((2 * self.table.shape[0], 256), UNKNOWN, dtype=np.int32)
                 grown[: self.table.shape[0]] = self.table
-                self.table = grown
+                flags = np.zeros(2 * self.table.shape[0], dtype=np.uint8)
+                flags[: self.table.shape[0]] = self.accept_flags
+                self.table, self.accept_flags = grown, flags
+            self.accept_flags[sid] = () in stacks
         return sid
+
+    def state_of(self, stacks) -> int:
+        """The state of a set of expanded stacks (interned)."""
+        return self._intern(frozenset(stacks))
+
+    def split(self, state: int):
+        """(the longest bottom part all of the state's stacks share, the state of the stacks above it),
+        or None when they share nothing (or the state is accepting). A stack of the inner state that
+        empties has returned into the shared part: the inner state's mask does not depend on it, and is
+        the same wherever the same inner stacks sit (e.g. inside a string, in any field of a schema)."""
+        stacks = self.states[state]
+        if () in stacks:
+            return None
+        shortest = min(len(s) for s in stacks)
+        first = next(iter(stacks))
+        shared = 0
+        while shared < shortest - 1 and all(s[shared] == first[shared] for s in stacks):
+            shared += 1
+        if shared == 0:
+            return None
+        with self._lock:
+            return first[:shared], self.state_of(s[shared:] for s in stacks)
+
+    def resumed(self, base: tuple) -> int:
+        """The state of a shared bottom part once the stacks above it have returned into it."""
+        with self._lock:
+            return self._intern(self._expand_all([base]))
 
     def step(self, state: int, byte: int) -> int:
         """The state after `byte` (DEAD when no stack can read it), computing the state's row if needed."""

@@ -17,7 +17,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .automaton import DEAD, Automaton
+from .automaton import DEAD, UNKNOWN, Automaton
 from .gbnf import GrammarError, parse_gbnf
 from .trie import token_trie, walk_trie
 
@@ -34,6 +34,7 @@ class CompiledGrammar:
         self.trie = trie
         self.n_vocab = n_vocab
         self._masks: OrderedDict = OrderedDict()
+        self._inner_masks: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
     def mask(self, state: int) -> np.ndarray:
@@ -51,23 +52,62 @@ class CompiledGrammar:
         return mask
 
     def _compute_mask(self, state: int) -> np.ndarray:
-        automaton, trie = self.automaton, self.trie
+        """The tokens whose bytes fit. When the state's stacks share a bottom part, the mask is the inner
+        state's (cached: the same inside every string of a schema, say) plus the tokens that leave the
+        inner stacks and go on in the shared part, walked from where they leave (_inner)."""
+        automaton = self.automaton
+        split = automaton.split(state)
+        if split is None:
+            mask = np.zeros(self.n_vocab, dtype=np.bool_)
+            self._walk(mask, np.full(1, -1, dtype=np.int64), state)
+        else:
+            base, inner = split
+            inner_mask, exits = self._inner(inner)
+            mask = inner_mask.copy()
+            if exits.size:
+                self._walk(mask, -exits - 1, automaton.resumed(base))
+        if automaton.accepting[state]:
+            mask[self.trie.eog_ids[self.trie.eog_ids < self.n_vocab]] = True
+        return mask
+
+    def _inner(self, inner: int) -> tuple:
+        """(mask, exit nodes) of an inner state: the tokens it allows on its own, and the nodes (with
+        children) where its stacks have all returned, from which a token may go on outside them."""
+        with self._lock:
+            cached = self._inner_masks.get(inner)
+            if cached is not None:
+                self._inner_masks.move_to_end(inner)
+                return cached
         mask = np.zeros(self.n_vocab, dtype=np.bool_)
-        if automaton.table[state, 0] == -2:
+        exits = self._walk(mask, np.full(1, -1, dtype=np.int64), inner, record_exits=True)
+        with self._lock:
+            self._inner_masks[inner] = (mask, exits)
+            if len(self._inner_masks) > MASKS_KEPT:
+                self._inner_masks.popitem(last=False)
+        return mask, exits
+
+    def _walk(self, mask: np.ndarray, roots: np.ndarray, state: int, record_exits: bool = False) -> np.ndarray:
+        """Mark in `mask` the tokens walked from `state` at `roots` (walk_trie's encoding), computing the
+        rows of states first met on the way; returns the exit nodes when recording them."""
+        automaton, trie = self.automaton, self.trie
+        if automaton.table[state, 0] == UNKNOWN:
             automaton.fill_rows([state])
         n_nodes = trie.label.shape[0]
         skipped, skipped_states = np.empty(n_nodes, dtype=np.int64), np.empty(n_nodes, dtype=np.int32)
-        roots, root_states = np.zeros(1, dtype=np.int64), np.full(1, state, dtype=np.int32)
+        exits = np.empty(n_nodes if record_exits else 0, dtype=np.int64)
+        found = []
+        root_states = np.full(roots.shape[0], state, dtype=np.int32)
         while True:  # each pass walks the subtrees the one before reached through states without rows
-            n = walk_trie(trie.label, trie.depth, trie.subtree_end, trie.tok_start, trie.tok_ids, trie.max_depth,
-                          automaton.table, roots, root_states, mask, skipped, skipped_states)
+            n, n_exits = walk_trie(trie.label, trie.depth, trie.subtree_end, trie.tok_start, trie.tok_ids,
+                                   trie.max_depth, automaton.table, automaton.accept_flags, roots, root_states, mask,
+                                   skipped, skipped_states, exits)
+            if n_exits:
+                found.append(exits[:n_exits].copy())
             if n == 0:
                 break
             roots, root_states = skipped[:n].copy(), skipped_states[:n].copy()
             automaton.fill_rows(np.unique(root_states).tolist(), ahead=FILL_AHEAD)
-        if automaton.accepting[state]:
-            mask[trie.eog_ids[trie.eog_ids < self.n_vocab]] = True
-        return mask
+        return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
     def advance(self, state: int, token: int) -> int:
         """The state after `token`'s bytes (DEAD if the grammar refuses them)."""

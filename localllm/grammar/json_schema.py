@@ -109,18 +109,25 @@ class GrammarBuilder:
 
     def __init__(self):
         self.rules: dict = {}
+        self._bodies: dict = {}  # body -> the name it was first written under
         self._refs: dict = {}  # "$ref" -> rule name
         self._documents: list = []  # root schemas, for resolving "#/..." refs
 
     # -- rules -----------------------------------------------------------------------------------------
     def rule(self, name: str, body: str) -> str:
-        """Add `name ::= body` (a new name if taken by another body); returns the name used."""
+        """Add `name ::= body` (a new name if taken by another body); returns the name used. A body
+        already written under another name is that rule: equal schemas share their rules, so that their
+        states (and the masks cached for them, grammar/constraint.py) are shared too."""
+        same = self._bodies.get(body)
+        if same is not None and self.rules.get(same) == body:
+            return same
         name = re.sub(r"[^A-Za-z0-9-]+", "-", name).strip("-") or "rule"
         candidate, n = name, 1
         while candidate in self.rules and self.rules[candidate] != body:
             n += 1
             candidate = f"{name}{n}"
         self.rules[candidate] = body
+        self._bodies[body] = candidate
         return candidate
 
     def primitive(self, name: str) -> str:

@@ -116,21 +116,25 @@ def _subtree_ends(depth):
 
 
 @cached_kernel(nogil=True)
-def walk_trie(label, depth, subtree_end, tok_start, tok_ids, max_depth, table, roots, root_states, mask, skipped,
-              skipped_states):
+def walk_trie(label, depth, subtree_end, tok_start, tok_ids, max_depth, table, accepting, roots, root_states, mask,
+              skipped, skipped_states, exits):
     """Mark in mask (bool[n_vocab]) the tokens whose bytes take the automaton to a live state, walking
-    the subtrees roots[k] entered from state root_states[k] (root 0: the whole trie, from its start).
-    A subtree entered from a state whose row is still UNKNOWN is not walked but recorded in skipped /
-    skipped_states (arrays of n_nodes entries) to be walked again once the row is known: returns how
-    many were recorded (0: the mask is complete)."""
-    n_nodes = label.shape[0]
+    from root_states[k] the subtree of node roots[k] (r >= 0), or the nodes below node -r-1 (r < 0;
+    -1: the whole trie). A subtree entered from a state whose row is still UNKNOWN is not walked but
+    recorded in skipped / skipped_states, to be walked again once the row is known. When `exits` is not
+    empty, every node with children reached in an accepting state is recorded in it (constraint.py
+    continues from there in an enclosing context). Arrays of n_nodes entries; returns the counts
+    (skipped, exits): no skipped subtree means the mask is complete."""
     state_at = np.empty(max_depth + 1, dtype=np.int32)  # state_at[d]: the state after the node at depth d
     n_skipped = 0
+    n_exits = 0
+    record_exits = exits.shape[0] > 0
     for k in range(roots.shape[0]):
         root = roots[k]
-        if root == 0:
-            state_at[0] = root_states[k]
-            i, end = 1, n_nodes
+        if root < 0:
+            above = -root - 1
+            state_at[depth[above]] = root_states[k]
+            i, end = above + 1, subtree_end[above]
         else:
             state_at[depth[root] - 1] = root_states[k]
             i, end = root, subtree_end[root]
@@ -147,5 +151,8 @@ def walk_trie(label, depth, subtree_end, tok_start, tok_ids, max_depth, table, r
             state_at[depth[i]] = target
             for t in range(tok_start[i], tok_start[i + 1]):
                 mask[tok_ids[t]] = True
+            if record_exits and accepting[target] and i + 1 < subtree_end[i]:
+                exits[n_exits] = i
+                n_exits += 1
             i += 1
-    return n_skipped
+    return n_skipped, n_exits

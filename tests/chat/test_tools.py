@@ -46,6 +46,7 @@ FORMATS = [
     ("mistral-nemo.jinja", "mistral", "</s>", True),
     ("mistral-small-3.2.jinja", "mistral-args", "</s>", True),
     ("ministral-3.jinja", "mistral-args", "</s>", True),
+    ("gpt-oss.jinja", "harmony", "<|call|>", False),
     ("gemma3.jinja", "generic", "<end_of_turn>", True),
     ("phi4-mini.jinja", "generic", "<|end|>", True),
 ]

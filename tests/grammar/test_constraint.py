@@ -64,6 +64,27 @@ def test_the_mask_is_every_token_whose_bytes_fit(model, prefix):
     assert expected[eog].all() == grammar.automaton.accepting[state]
 
 
+SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12}, "city": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["name", "city", "age"]}}
+
+
+@pytest.mark.parametrize("prefix", ['[{"name": "Al', '[{"name": "Al", "city": "Pa', '[{"name": "a", "city": "b", "age": 1',
+                                    '[{"name": "a", "city": "b", "age": 12}, {"name": "x\\', '[{"name": "é'])
+def test_masks_built_from_shared_inner_states_are_exact(model, prefix):
+    """In a schema's grammar the stacks inside a string share their bottom part: the mask comes from the
+    inner state (shared by both string fields) plus what leaves it; it must still be exactly the
+    token-by-token definition."""
+    from localllm.grammar import grammar_text
+
+    grammar = compile_grammar(grammar_text(json_schema=SCHEMA), model.tokenizer, model.decoder.hp.n_vocab)
+    state = grammar.automaton.start
+    for byte in prefix.encode("utf-8"):
+        state = grammar.automaton.step(state, byte)
+    assert state != DEAD and grammar.automaton.split(state) is not None
+    assert np.array_equal(grammar.mask(state), brute_force_mask(grammar, state))
+
+
 def test_control_tokens_are_never_allowed(model):
     grammar = compile_grammar('root ::= [^x]*', model.tokenizer, model.decoder.hp.n_vocab)
     mask = grammar.mask(grammar.automaton.start)
