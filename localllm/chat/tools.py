@@ -10,6 +10,8 @@ template writes (llama.cpp's common/chat.cpp recognises them the same way):
 - `llama3` (Llama 3.1, 3.2, 3.3): `{"name": ..., "parameters": {...}}` as the whole reply
 - `mistral` (Mistral Nemo): `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`
 - `mistral-args` (Mistral Small 3.2, Ministral 3, Devstral): `[TOOL_CALLS]NAME[ARGS]{...}`, repeated
+- `gemma4` (Gemma 4): `<|tool_call>call:NAME{key:value,...}<tool_call|>`, repeated; keys bare and sorted,
+  strings between `<|"|>` marks; the reply stops at `<|tool_response>` (where the results would go)
 - `harmony` (gpt-oss): `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, the
   call ended by `<|call|>`; the reply's content is its `final` channel
 - `generic`: every other template, the base-model transcript included (Gemma 3, Phi-4, ...). The tools
@@ -124,6 +126,8 @@ def detect_format(template_source: str) -> str:
         return "hermes"
     if "[TOOL_CALLS]" in template_source:
         return "mistral-args" if "[ARGS]" in template_source else "mistral"
+    if "<|tool_call>" in template_source:
+        return "gemma4"
     if "<|channel|>" in template_source and "functions." in template_source:
         return "harmony"
     if "<|start_header_id|>" in template_source and '"parameters": ' in template_source:
@@ -151,6 +155,11 @@ class ToolCalling:
     @property
     def active(self) -> bool:
         return self.choice != "none"
+
+    @property
+    def stop(self) -> list:
+        """Stop strings the format needs: Gemma 4 goes on to write the tool's response itself."""
+        return ["<|tool_response>"] if self.active and self.format == "gemma4" else []
 
     @property
     def special(self) -> bool:
@@ -195,7 +204,7 @@ class ToolCalling:
 
         if not self.active or (self.format != "generic" and self.choice == "auto"):
             return None
-        builder = GrammarBuilder()
+        builder = GrammarBuilder("gemma4" if self.format == "gemma4" else "json")
         builder.primitive("space")
         tools = self._called_tools()
         if self.format == "qwen-xml":
@@ -203,7 +212,9 @@ class ToolCalling:
         calls = []
         for tool in tools:
             args = builder.schema(_arguments_schema(tool), f"{tool.name}-args")
-            if self.format == "harmony":
+            if self.format == "gemma4":
+                body = f'{gbnf_literal("<|tool_call>call:" + tool.name)} {args} {gbnf_literal("<tool_call|>")}'
+            elif self.format == "harmony":
                 body = (f'{gbnf_literal("<|channel|>commentary to=functions." + tool.name)} '
                         f'{gbnf_literal(" <|constrain|>json<|message|>")} {args}')
             elif self.format == "llama3":
@@ -222,6 +233,8 @@ class ToolCalling:
                 builder.primitive("string")
                 body = f'( {body} | "{{" space "\\"response\\"" space ":" space string "}}" space )'
             return builder.text(body)
+        if self.format == "gemma4":
+            return builder.text(f"call{{1,{MAX_PARALLEL_CALLS}}}" if many else "call")
         if self.format == "hermes":
             one = '"<tool_call>" space call "</tool_call>" space'
             return builder.text(f"( {one} ){{1,{MAX_PARALLEL_CALLS}}}" if many else one)
@@ -328,6 +341,23 @@ class ToolCalling:
         value = json.loads(body)
         return "", [ToolCall(value["name"], _arguments(value.get("parameters", value.get("arguments", {}))))]
 
+    def _parse_gemma4(self, text: str):
+        start = text.find("<|tool_call>call:")
+        if start < 0:
+            return text, []
+        calls, pos = [], start
+        while True:
+            pos = text.find("<|tool_call>call:", pos)
+            if pos < 0:
+                break
+            brace = text.index("{", pos)
+            name = text[pos + len("<|tool_call>call:"):brace]
+            arguments, pos = _gemma4_value(text, brace)
+            if not text.startswith("<tool_call|>", pos):
+                raise ValueError("a Gemma 4 call ends with <tool_call|>")
+            calls.append(ToolCall(name.strip(), _arguments(arguments)))
+        return text[:start], calls
+
     def _parse_harmony(self, text: str):
         final = re.search(r"<\|channel\|>final<\|message\|>(.*?)(?:<\|end\|>|<\|return\|>|$)", text, re.DOTALL)
         calls, decoder = [], json.JSONDecoder()
@@ -369,7 +399,7 @@ class ToolStream:
     feed(text) -> content safe to send now; finish() -> (the rest of the content, [ToolCall])."""
 
     MARKERS = {"hermes": "<tool_call>", "qwen-xml": "<tool_call>", "mistral": "[TOOL_CALLS]",
-               "mistral-args": "[TOOL_CALLS]"}
+               "mistral-args": "[TOOL_CALLS]", "gemma4": "<|tool_call>"}
 
     def __init__(self, calling: ToolCalling):
         self.calling = calling
@@ -419,6 +449,40 @@ def _arguments(value) -> dict:
     if not isinstance(value, dict):
         raise ValueError("arguments must be an object")
     return value
+
+
+_GEMMA4_QUOTE = '<|"|>'
+
+
+def _gemma4_value(text: str, pos: int):
+    """(the value written at text[pos:] in Gemma 4's argument syntax, the position after it)."""
+    if text.startswith(_GEMMA4_QUOTE, pos):
+        end = text.index(_GEMMA4_QUOTE, pos + len(_GEMMA4_QUOTE))
+        return text[pos + len(_GEMMA4_QUOTE):end], end + len(_GEMMA4_QUOTE)
+    if text[pos] in "{[":
+        closing, out = ("}", {}) if text[pos] == "{" else ("]", [])
+        pos += 1
+        while text[pos] != closing:
+            if isinstance(out, dict):
+                colon = text.index(":", pos)
+                key = text[pos:colon].strip()
+                if key.startswith(_GEMMA4_QUOTE) and key.endswith(_GEMMA4_QUOTE):
+                    key = key[len(_GEMMA4_QUOTE):-len(_GEMMA4_QUOTE)]
+                out[key], pos = _gemma4_value(text, colon + 1)
+            else:
+                item, pos = _gemma4_value(text, pos)
+                out.append(item)
+            if text[pos] == ",":
+                pos += 1
+            elif text[pos] != closing:
+                raise ValueError(f"unexpected {text[pos]!r} in Gemma 4 arguments")
+        return out, pos + 1
+    end = pos
+    while end < len(text) and text[end] not in ",}]":
+        end += 1
+    word = text[pos:end].strip()
+    words = {"true": True, "false": False, "null": None, "None": None}
+    return (words[word] if word in words else json.loads(word)), end
 
 
 def _json_or_text(raw: str):

@@ -63,6 +63,17 @@ _USES = {
     "date-string": ["date", "space"], "time-string": ["time", "space"],
     "date-time-string": ["date", "time", "space"], "uuid": ["space"],
 }
+# Gemma 4's tool-call arguments (chat/tools.py): JSON's shapes without its whitespace, strings between
+# <|"|> marks (and holding no "<", which could begin one), keys bare and in sorted order, as its chat
+# template writes them.
+GEMMA4_QUOTE = '"<|\\"|>"'
+GEMMA4_PRIMITIVES = {
+    **{name: body.replace('"\\""', GEMMA4_QUOTE) for name, body in PRIMITIVES.items()},
+    "space": '""',
+    "char": "[^<]",
+    "key": "[A-Za-z_] [A-Za-z0-9_]*",
+    "object": '"{" ( key ":" value ("," key ":" value)* )? "}"',
+}
 _FORMATS = {"date": "date-string", "time": "time-string", "date-time": "date-time-string", "uuid": "uuid"}
 
 # keywords that would constrain the output in ways a grammar here does not express
@@ -70,6 +81,43 @@ _REFUSED = ("pattern", "patternProperties", "not", "if", "then", "else", "multip
             "minProperties", "maxProperties", "contains", "minContains", "maxContains", "propertyNames",
             "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties",
             "unevaluatedItems", "$dynamicRef", "$recursiveRef")
+
+
+class Dialect:
+    """How values are written: JSON (the default), or Gemma 4's tool-call arguments."""
+
+    def __init__(self, name: str):
+        if name not in ("json", "gemma4"):
+            raise ValueError(f"unknown dialect {name!r}")
+        self.name = name
+        self.primitives = PRIMITIVES if name == "json" else GEMMA4_PRIMITIVES
+        self.quote = '"\\""' if name == "json" else GEMMA4_QUOTE
+        self.sorted_keys = name == "gemma4"
+
+    def literal(self, value: Any) -> str:
+        return json_literal(value) if self.name == "json" else gbnf_literal(gemma4_text(value))
+
+    def member(self, key: str, value_rule: str) -> str:
+        """An object member: its key, the colon, its value."""
+        if self.name == "json":
+            return f'{json_literal(key)} space ":" space {value_rule}'
+        return f'{gbnf_literal(key)} ":" {value_rule}'
+
+    def any_member(self, value_rule: str) -> str:
+        return f'string ":" space {value_rule}' if self.name == "json" else f'key ":" {value_rule}'
+
+
+def gemma4_text(value: Any) -> str:
+    """A value as Gemma 4's template writes tool-call arguments (its format_argument, keys bare)."""
+    if isinstance(value, str):
+        return f'<|"|>{value}<|"|>'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{gemma4_text(v)}" for k, v in sorted(value.items())) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(gemma4_text(v) for v in value) + "]"
+    return "null" if value is None else json.dumps(value)
 
 
 def json_schema_to_gbnf(schema: Any) -> str:
@@ -107,7 +155,8 @@ class GrammarBuilder:
     (trailing whitespace included), `rule()` adds one of the caller's, `text(root_body)` writes them all
     with `root ::= root_body`."""
 
-    def __init__(self):
+    def __init__(self, dialect: str = "json"):
+        self.dialect = Dialect(dialect)
         self.rules: dict = {}
         self._bodies: dict = {}  # body -> the name it was first written under
         self._refs: dict = {}  # "$ref" -> rule name
@@ -132,8 +181,8 @@ class GrammarBuilder:
 
     def primitive(self, name: str) -> str:
         if name not in self.rules:
-            self.rules[name] = PRIMITIVES[name]
-            for used in _USES.get(name, ()):
+            self.rules[name] = self.dialect.primitives[name]
+            for used in list(_USES.get(name, ())) + (["key"] if name == "object" and self.dialect.name == "gemma4" else []):
                 self.primitive(used)
         return name
 
@@ -181,13 +230,13 @@ class GrammarBuilder:
                 return self.rule(name, " | ".join(names))
         if "const" in schema:
             self.primitive("space")
-            return self.rule(name, f"{json_literal(schema['const'])} space")
+            return self.rule(name, f"{self.dialect.literal(schema['const'])} space")
         if "enum" in schema:
             values = schema["enum"]
             if not isinstance(values, list) or not values:
                 raise GrammarError(f"JSON schema at {name!r}: enum must be a non-empty list")
             self.primitive("space")
-            return self.rule(name, "(" + " | ".join(json_literal(v) for v in values) + ") space")
+            return self.rule(name, "(" + " | ".join(self.dialect.literal(v) for v in values) + ") space")
         kind = schema.get("type")
         if isinstance(kind, list):
             if not kind:
@@ -273,16 +322,17 @@ class GrammarBuilder:
             raise GrammarError(f"JSON schema at {name!r}: required properties {missing} are not in properties")
         self.primitive("space")
         pairs = {}
-        for key, sub in properties.items():
-            value = self._visit(sub, f"{name}-{key}")
-            pairs[key] = self.rule(f"{name}-{key}-kv", f'{json_literal(key)} space ":" space {value}')
-        mandatory = [pairs[k] for k in properties if k in required]
-        optional = [pairs[k] for k in properties if k not in required]
+        keys = sorted(properties) if self.dialect.sorted_keys else list(properties)
+        for key in keys:
+            value = self._visit(properties[key], f"{name}-{key}")
+            pairs[key] = self.rule(f"{name}-{key}-kv", self.dialect.member(key, value))
+        mandatory = [pairs[k] for k in keys if k in required]
+        optional = [pairs[k] for k in keys if k not in required]
         if extra not in (None, False):
             value = self._visit(extra, f"{name}-additional-value")
-            self.primitive("string")
-            optional.append(self.rule(f"{name}-additional-kvs",
-                                      f'string ":" space {value} ("," space string ":" space {value})*'))
+            self.primitive("string" if self.dialect.name == "json" else "key")
+            member = self.dialect.any_member(value)
+            optional.append(self.rule(f"{name}-additional-kvs", f'{member} ("," space {member})*'))
         body = ' "," space '.join(mandatory)
         if optional:
             rest = self._optional_members(optional, name, leading_comma=bool(mandatory))
@@ -341,7 +391,8 @@ class GrammarBuilder:
             raise GrammarError(f"JSON schema at {name!r}: maxLength is below minLength")
         self.primitive("char")
         self.primitive("space")
-        return self.rule(name, f'"\\"" {_repeat("char", low, high)} "\\"" space')
+        quote = self.dialect.quote
+        return self.rule(name, f'{quote} {_repeat("char", low, high)} {quote} space')
 
     def _integer(self, schema: dict, name: str) -> str:
         low, high = _bounds(schema, name, integer=True)

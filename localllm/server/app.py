@@ -228,6 +228,7 @@ class _API:
             raise p.invalid("'response_format' (or a grammar) together with tools is not supported", "response_format")
         if calling.active:
             gen.sampling = dataclasses.replace(gen.sampling, grammar=grammar, special_tokens=calling.special)
+            gen.stop = gen.stop + calling.stop
         return calling
 
     def _chat_prompt(self, messages: list, calling=None) -> list:
