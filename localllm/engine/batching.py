@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import ContextOverflow, LocalLLMError
 from ..model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks
-from ..sampling import Sampler, SamplingConfig
+from ..sampling import Sampler, SamplingConfig, SamplingError
 from .sequence import PREFILL_CHUNK, Event, SequenceOutput, Timings
 
 DEFAULT_CACHE_MB = 512
@@ -355,7 +355,12 @@ class Engine:
         """Sample seq's next token and deliver what it produces (engine/sequence.py decides)."""
         out = seq.out
         if out.finish is None:  # (a request for 0 tokens is finished before its first)
-            token = seq.sampler.sample(logits, seq.ids)
+            try:
+                token = seq.sampler.sample(logits, seq.ids)
+            except SamplingError as exc:  # this request's settings leave no token (e.g. its grammar): it alone fails
+                seq.handle.push(Event("error", text=str(exc)))
+                self._finish(seq)
+                return
             event = out.accept(token, logits, seq.n_past)
             if out.generated == 1:  # the prompt's time, for the server, runs until its first token
                 seq.timings.prompt_seconds = seq.timings.time_to_first_token

@@ -203,7 +203,8 @@ class _API:
         if gen.sampling.grammar is not None:
             from ..grammar.constraint import compile_grammar
 
-            await self.prepare.run(compile_grammar, gen.sampling.grammar, self.tokenizer, self.model.decoder.hp.n_vocab)
+            await self.prepare.run(compile_grammar, gen.sampling.grammar, self.tokenizer, self.model.decoder.hp.n_vocab,
+                                   gen.sampling.special_tokens)
 
     def tool_calling(self, body: dict, gen):
         """The request's tools (chat/tools.py), or None without any: its grammar and special-token output

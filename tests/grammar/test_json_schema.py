@@ -14,7 +14,8 @@ import localllm
 from localllm.grammar import GrammarError, grammar_text
 from localllm.grammar.automaton import Automaton
 from localllm.grammar.gbnf import parse_gbnf
-from localllm.grammar.json_schema import integer_range, json_schema_to_gbnf
+from localllm.grammar.integers import integer_range
+from localllm.grammar.json_schema import json_schema_to_gbnf
 
 
 def accepts(schema, text: str) -> bool:

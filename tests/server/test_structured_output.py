@@ -128,3 +128,28 @@ def test_ollama_format_schema_and_json(server):
     with pytest.raises(ollama.ResponseError) as caught:
         client.generate(model="gemma-test", prompt="x", format={"type": "number", "minimum": 0.5})
     assert caught.value.status_code == 400
+
+
+def test_a_request_whose_grammar_leaves_no_token_fails_alone(server, model):
+    """Every token the grammar allows is banned by the request's own logit bias: that request ends with an
+    error, and a request beside it in the same batch is answered as usual."""
+    import asyncio
+
+    from localllm.engine.batching import GenerationRequest
+    from localllm.grammar.trie import token_trie
+    from localllm.sampling import SamplingConfig
+
+    only_a = [i for i, piece in enumerate(token_trie(model.tokenizer).pieces) if piece == b"a"]
+    assert only_a
+    banned = SamplingConfig(grammar='root ::= "a"', logit_bias={i: float("-inf") for i in only_a})
+    prompt = model.tokenize("Say a:")
+
+    async def both():
+        loop = asyncio.get_running_loop()
+        handles = [server.engine.submit(GenerationRequest(prompt=prompt, sampling=s, max_tokens=5), loop)
+                   for s in (banned, SamplingConfig(temperature=0))]
+        return [[e async for e in h.events()] for h in handles]
+
+    failed, served = asyncio.run(both())
+    assert failed[-1].kind == "error" and "banned" in failed[-1].text
+    assert served[-1].kind == "done" and served[-1].finish_reason == "length"
