@@ -2,8 +2,9 @@
 
 `CompiledGrammar` is a grammar's automaton bound to one vocabulary's trie, shared by every sequence that
 uses the same grammar text with the same tokenizer (cached: a server sees the same schema many times).
-It keeps the mask of each state it has seen (bool[n_vocab]), so a state met again, e.g. "inside a
-string" after every string token, costs a dictionary lookup. `Constraint` is one sequence's position in
+The masks of the states it has seen (bool[n_vocab]) are kept, so a state met again, e.g. "inside a
+string" after every string token, costs a dictionary lookup: in one cache for every grammar, bounded in
+bytes (MASK_CACHE_BYTES), least recently used first out. `Constraint` is one sequence's position in
 it: `allowed()` is the current mask, `accept(token)` moves on.
 
 End-of-generation tokens are allowed exactly when the grammar is complete; once nothing but the end can
@@ -12,6 +13,7 @@ follow, they are the only tokens allowed.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 
@@ -21,11 +23,44 @@ from .automaton import DEAD, UNKNOWN, Automaton
 from .gbnf import GrammarError, parse_gbnf
 from .trie import token_trie, walk_trie
 
-# Masks kept per grammar: bool[n_vocab] each (262 KB at Gemma 3's vocabulary).
-MASKS_KEPT = 256
+# Bytes of masks kept, all grammars together: bool[n_vocab] each (262 KB at Gemma 3's vocabulary, so
+# about 500 of them); an inner state's mask is kept packed, 8 tokens a byte.
+MASK_CACHE_BYTES = 128 * 2**20
 # Levels of rows computed beyond the states a walk stopped at (automaton.fill_rows): fewer walks of the
 # trie for a new state's mask, for a few rows that may go unused.
 FILL_AHEAD = 2
+
+
+class _MaskCache:
+    """Least recently used out, once the values' bytes pass the budget."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.items: OrderedDict = OrderedDict()  # key -> (value, bytes)
+        self.bytes = 0
+        self.lock = threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            found = self.items.get(key)
+            if found is None:
+                return None
+            self.items.move_to_end(key)
+            return found[0]
+
+    def put(self, key, value, size: int) -> None:
+        with self.lock:
+            if key in self.items:
+                return
+            self.items[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.budget and len(self.items) > 1:
+                _, (_, dropped) = self.items.popitem(last=False)
+                self.bytes -= dropped
+
+
+_masks = _MaskCache(MASK_CACHE_BYTES)
+_grammar_ids = itertools.count()
 
 
 class CompiledGrammar:
@@ -33,22 +68,14 @@ class CompiledGrammar:
         self.automaton = Automaton(parse_gbnf(text))
         self.trie = trie
         self.n_vocab = n_vocab
-        self._masks: OrderedDict = OrderedDict()
-        self._inner_masks: OrderedDict = OrderedDict()
-        self._lock = threading.Lock()
+        self.uid = next(_grammar_ids)  # its masks' key in the shared cache
 
     def mask(self, state: int) -> np.ndarray:
         """bool[n_vocab]: the tokens allowed in `state` (do not write it: it is cached)."""
-        with self._lock:
-            cached = self._masks.get(state)
-            if cached is not None:
-                self._masks.move_to_end(state)
-                return cached
-        mask = self._compute_mask(state)
-        with self._lock:
-            self._masks[state] = mask
-            if len(self._masks) > MASKS_KEPT:
-                self._masks.popitem(last=False)
+        mask = _masks.get((self.uid, state))
+        if mask is None:
+            mask = self._compute_mask(state)
+            _masks.put((self.uid, state), mask, mask.nbytes)
         return mask
 
     def _compute_mask(self, state: int) -> np.ndarray:
@@ -62,8 +89,7 @@ class CompiledGrammar:
             self._walk(mask, np.full(1, -1, dtype=np.int64), state)
         else:
             base, inner = split
-            inner_mask, exits = self._inner(inner)
-            mask = inner_mask.copy()
+            mask, exits = self._inner(inner)  # (a new array, ours to add to)
             if exits.size:
                 self._walk(mask, -exits - 1, automaton.resumed(base))
         if automaton.accepting[state]:
@@ -71,19 +97,18 @@ class CompiledGrammar:
         return mask
 
     def _inner(self, inner: int) -> tuple:
-        """(mask, exit nodes) of an inner state: the tokens it allows on its own, and the nodes (with
-        children) where its stacks have all returned, from which a token may go on outside them."""
-        with self._lock:
-            cached = self._inner_masks.get(inner)
-            if cached is not None:
-                self._inner_masks.move_to_end(inner)
-                return cached
+        """(mask, exit nodes) of an inner state: the tokens it allows on its own (a new array each call),
+        and the nodes (with children) where its stacks have all returned, from which a token may go on
+        outside them."""
+        key = (self.uid, "inner", inner)
+        cached = _masks.get(key)
+        if cached is not None:
+            packed, exits = cached
+            return np.unpackbits(packed, count=self.n_vocab).view(np.bool_), exits
         mask = np.zeros(self.n_vocab, dtype=np.bool_)
         exits = self._walk(mask, np.full(1, -1, dtype=np.int64), inner, record_exits=True)
-        with self._lock:
-            self._inner_masks[inner] = (mask, exits)
-            if len(self._inner_masks) > MASKS_KEPT:
-                self._inner_masks.popitem(last=False)
+        packed = np.packbits(mask)
+        _masks.put(key, (packed, exits), packed.nbytes + exits.nbytes)
         return mask, exits
 
     def _walk(self, mask: np.ndarray, roots: np.ndarray, state: int, record_exits: bool = False) -> np.ndarray:

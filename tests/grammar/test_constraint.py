@@ -146,3 +146,15 @@ def test_a_chat_with_a_grammar_answers_every_turn_in_it(model, tmp_path):
     assert "grammar" not in json.loads((tmp_path / "chat.json").read_text())["settings"]
     conversation.load(tmp_path / "chat.json")  # the grammar stays the command line's
     assert conversation.settings.grammar == grammar
+
+
+def test_the_mask_cache_drops_the_least_recently_used_past_its_budget():
+    from localllm.grammar.constraint import _MaskCache
+
+    cache = _MaskCache(budget=3 * 1000)
+    for key in "abc":
+        cache.put(key, key.upper(), 1000)
+    assert cache.get("a") == "A"  # now the most recently used
+    cache.put("d", "D", 1000)
+    assert cache.get("b") is None and [cache.get(k) for k in "acd"] == ["A", "C", "D"]
+    assert cache.bytes == 3000
