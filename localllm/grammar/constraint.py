@@ -75,6 +75,8 @@ class CompiledGrammar:
         mask = _masks.get((self.uid, state))
         if mask is None:
             mask = self._compute_mask(state)
+            if not mask.any():  # (checked once: a cached mask is never empty)
+                raise GrammarError("the grammar allows no token here (no token of this vocabulary can continue it)")
             _masks.put((self.uid, state), mask, mask.nbytes)
         return mask
 
@@ -179,10 +181,8 @@ class Constraint:
         return self.grammar.automaton.accepting[self.state]
 
     def allowed(self) -> np.ndarray:
-        mask = self.grammar.mask(self.state)
-        if not mask.any():
-            raise GrammarError("the grammar allows no token here (no token of this vocabulary can continue it)")
-        return mask
+        """bool[n_vocab]: the tokens allowed next (GrammarError when there are none)."""
+        return self.grammar.mask(self.state)
 
     def apply(self, scores: np.ndarray) -> np.ndarray:
         """A copy of float32 `scores` with the tokens the grammar refuses set to -inf."""
