@@ -316,6 +316,7 @@ class Model:
         context_shift: bool = False,
         grammar: Optional[str] = None,
         json_schema=None,
+        speculation=None,
         **sampling_options,
     ) -> Iterator[Event]:
         """Yield events for a text prompt, a list of chat messages (template applied), or token ids.
@@ -330,6 +331,8 @@ class Model:
         `grammar` (GBNF text) or `json_schema` (a dict or its JSON text) constrain the output: every
         token drawn keeps it a prefix of the grammar's language, and the end of generation is allowed
         only once it is complete (localllm/grammar/). A GrammarError says what is wrong with either.
+        `speculation`: a Speculation (localllm/speculative.py): prompt lookup and/or a draft model guess
+        tokens that one forward pass checks; the output is the same (greedy) or identically distributed.
         """
         from .grammar import grammar_text
         from .sampling import Sampler, SamplingConfig
@@ -355,6 +358,7 @@ class Model:
         stops = list(stop or []) + list(getattr(sampling, "stop", None) or [])
         if is_chat:
             stops += self.chat_stop()
+        drafters = speculation.drafters(self, sampling) if speculation is not None and speculation.active else None
         yield from generate_tokens(
             self.decoder,
             self.tokenizer,
@@ -365,6 +369,8 @@ class Model:
             n_ctx=self.n_ctx,
             stop=stops,
             top_logprobs=top_logprobs,
+            drafters=drafters,
+            max_draft=speculation.max_draft if drafters else 8,
         )
 
 

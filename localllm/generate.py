@@ -75,18 +75,34 @@ def generate_tokens(
     n_ctx: int,
     stop: Optional[list[str]] = None,
     top_logprobs: Optional[int] = None,
+    drafters: Optional[list] = None,
+    max_draft: int = 8,
 ) -> Iterator[Event]:
     """Yield a token event per generated token, then one 'done' event with timings (what each token
     produces and when generation ends: engine/sequence.py, shared with the batching engine).
 
     top_logprobs None: no log-probabilities (they cost a softmax over the vocabulary per step);
-    0: the chosen token's; n: also the n most likely tokens'."""
+    0: the chosen token's; n: also the n most likely tokens'. drafters: speculative decoding's
+    (localllm/speculative.py), asked in order for up to max_draft tokens a step; the tokens are the
+    same (greedy) or identically distributed (sampling) as without them."""
     timings = Timings(prompt_tokens=len(prompt))
     t0 = time.perf_counter()
     logits, timings.cached_tokens = prefill(decoder, session, prompt, n_ctx)
     timings.prompt_seconds = time.perf_counter() - t0
     out = SequenceOutput(tokenizer, list(prompt), max_tokens=max_tokens, n_ctx=n_ctx, timings=timings, stop=stop,
                          top_logprobs=top_logprobs, t0=t0, special=sampler.config.special_tokens)
+    if drafters:
+        from .speculative import SpeculationStats, speculative_steps
+
+        stats = SpeculationStats()
+        try:
+            yield from speculative_steps(decoder, session, out, sampler, drafters, logits, max_draft, stats)
+        finally:
+            timings.draft_tokens, timings.draft_accepted = stats.drafted, stats.accepted
+            for drafter in drafters:
+                drafter.close()
+        yield from out.close()
+        return
     step_input = np.zeros(1, dtype=np.int32)  # reused: the decode loop allocates no arrays of its own
     while out.finish is None:
         token = sampler.sample(logits, out.ids)

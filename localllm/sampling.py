@@ -137,12 +137,76 @@ class Sampler:
             self.constraint.accept(token)
         return token
 
-    def _choose(self, scores: np.ndarray) -> int:
+    def verify(self, logits: np.ndarray, history: Sequence[int], draft: int, draft_probs=None) -> tuple[int, bool]:
+        """Speculative decoding's acceptance rule (Leviathan et al. 2023; Chen et al. 2023) for a drafted
+        token: (the token to emit, whether it is the draft). The emitted token is distributed exactly as
+        `sample(logits, history)`'s, whatever the draft. Greedy: the draft is kept when it is the argmax,
+        else the argmax is emitted. Sampling, with p the distribution `sample` draws from: the draft x is
+        kept with probability min(1, p(x) / q(x)), else a token is drawn from max(0, p - q) normalised.
+        draft_probs: q, float[n_vocab], the distribution x was drawn from; None for a draft chosen
+        without chance (a lookup, a greedy draft model): q is one-hot at x, so x is kept with probability
+        p(x) and a refusal draws from p without x. The grammar, if any, advances with the emitted token."""
+        scores = self.adjusted(logits, history)
+        if self.constraint is not None:
+            scores = self.constraint.apply(scores)
+        if self.config.temperature <= 0:
+            token = self._choose(scores)
+        else:
+            token = self._verify_draw(scores, int(draft), draft_probs)
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token, token == draft
+
+    def _verify_draw(self, scores: np.ndarray, draft: int, draft_probs) -> int:
+        self._choose_checks(scores)
+        ids, kept = self.candidates(scores)
+        p = _softmax64(kept / np.float32(self.config.temperature))
+        at = np.flatnonzero(ids == draft)
+        p_draft = float(p[at[0]]) if at.size else 0.0
+        q_draft = 1.0 if draft_probs is None else float(draft_probs[draft])
+        if self.rng.random() * q_draft < p_draft:
+            return draft
+        q = np.zeros(ids.size) if draft_probs is None else np.asarray(draft_probs, dtype=np.float64)[ids]
+        if draft_probs is None and at.size:
+            q[at[0]] = 1.0
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        if not total > 0.0:  # only reachable through rounding (p <= q everywhere means p == q)
+            residual, total = p, 1.0
+        point = self.rng.random() * total
+        return int(ids[min(int(np.searchsorted(np.cumsum(residual), point, side="right")), ids.size - 1)])
+
+    def probabilities(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """float64[n_vocab]: the distribution `sample` draws from (zero outside the candidates; one-hot at
+        the argmax when greedy). A draft model's q (verify's draft_probs). Does not advance the grammar."""
+        scores = self.adjusted(logits, history)
+        if self.constraint is not None:
+            scores = self.constraint.apply(scores)
+        out = np.zeros(self.n_vocab)
+        if self.config.temperature <= 0:
+            out[self._choose(scores)] = 1.0
+            return out
+        self._choose_checks(scores)
+        ids, kept = self.candidates(scores)
+        out[ids] = _softmax64(kept / np.float32(self.config.temperature))
+        return out
+
+    def draw(self, probs: np.ndarray) -> int:
+        """A token id drawn from float64[n_vocab] probabilities with this sampler's generator."""
+        cumulative = np.cumsum(probs)
+        point = self.rng.random() * cumulative[-1]
+        return min(int(np.searchsorted(cumulative, point, side="right")), probs.size - 1)
+
+    @staticmethod
+    def _choose_checks(scores: np.ndarray) -> None:
         best = float(np.max(scores))
         if math.isnan(best):
             raise SamplingError("the logits contain NaN")
         if best == -math.inf:
             raise SamplingError("every token is banned (all logits are -inf after logit_bias and the grammar)")
+
+    def _choose(self, scores: np.ndarray) -> int:
+        self._choose_checks(scores)
         if self.config.temperature <= 0:
             return int(np.argmax(scores))
         ids, logits_kept = self.candidates(scores)

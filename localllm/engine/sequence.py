@@ -31,6 +31,8 @@ class Timings:
     generation_seconds: float = 0.0
     time_to_first_token: float = 0.0
     cached_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens drafted, and those the model kept
+    draft_accepted: int = 0
 
     @property
     def prompt_tps(self) -> float:
@@ -52,6 +54,8 @@ class Timings:
             "generation_seconds": round(self.generation_seconds, 4),
             "generation_tokens_per_second": round(self.generation_tps, 2),
             "time_to_first_token": round(self.time_to_first_token, 4),
+            "draft_tokens": self.draft_tokens,
+            "draft_accepted": self.draft_accepted,
         }
 
 

@@ -24,6 +24,9 @@ from .weights import BoundWeights, TensorSpec, bind_weights
 
 
 GIB = 1024**3
+# Rows Decoder.verify takes at most: below the CPU backend's BLAS thresholds (matmul and attention switch
+# at 32 rows), where every row is computed as a one-token step computes it.
+MAX_VERIFY_ROWS = 24
 
 
 class KVCacheTooLarge(LocalLLMError):
@@ -96,8 +99,9 @@ class KVCache:
 
     @staticmethod
     def bytes_needed(hp: HParams, n_ctx: int, layout: Optional[list] = None) -> int:
-        """K and V at n_ctx positions, plus the recurrent buffers and their checkpoints."""
-        return n_ctx * kv_bytes_per_position(hp, KVCache.DTYPE, layout) + (1 + MAX_CHECKPOINTS) * state_bytes(layout)
+        """K and V at n_ctx positions, plus the recurrent buffers, their checkpoints and the copy a
+        speculative step keeps (save_state)."""
+        return n_ctx * kv_bytes_per_position(hp, KVCache.DTYPE, layout) + (2 + MAX_CHECKPOINTS) * state_bytes(layout)
 
     def resume_at(self, shared: int) -> int:
         """How many of the held tokens a session can keep when its next prompt shares the first `shared`:
@@ -109,6 +113,18 @@ class KVCache:
         """Keep the recurrent layers' buffers as they are now (nothing to keep without them)."""
         if self.states is not None:
             self.states.checkpoint()
+
+    def save_state(self) -> None:
+        """Keep the recurrent layers' buffers as they are now, to come back to with restore_state (a
+        speculative step whose draft is refused in part); K and V need nothing: they are indexed by
+        position, and positions past what a sequence keeps are written over by its next step."""
+        if self.states is not None:
+            self.states.save()
+
+    def restore_state(self) -> None:
+        """The recurrent buffers as save_state kept them (nothing to do without them)."""
+        if self.states is not None:
+            self.states.restore()
 
     def running(self) -> None:
         """A forward pass starts updating the buffers (until `ran`, what they hold is unknown)."""
@@ -412,6 +428,25 @@ class Decoder:
         self.ops.end_step()
         return logits
 
+    def verify(self, tokens: np.ndarray, start: int, cache: KVCache) -> np.ndarray:
+        """Logits [T, vocab] of every row of tokens[T] run at positions start..start+T-1, each row bit for
+        bit what a one-token forward (a decode step) at its position gives: the rows go through the
+        decode path's kernels (Buffers.n_rowwise), the weights read once for all of them. Speculative
+        decoding checks a draft with it (localllm/speculative.py); T stays below the backends' batch
+        thresholds (MAX_VERIFY_ROWS)."""
+        n = len(tokens)
+        if n > MAX_VERIFY_ROWS:
+            raise ValueError(f"verify takes at most {MAX_VERIFY_ROWS} rows, got {n}")
+        b = self.buffers(n)
+        b.n_rowwise = n
+        self.ops.begin_step(n)
+        try:
+            logits = self._forward(tokens, start, cache, all_logits=True)
+        finally:
+            b.n_rowwise = 0
+        self.ops.end_step()
+        return logits
+
     def _forward(self, tokens: np.ndarray, start: int, cache: KVCache, all_logits: bool) -> np.ndarray:
         n = len(tokens)
         b = self._layers(tokens, start, cache)
@@ -422,7 +457,8 @@ class Decoder:
         if logits is None:
             logits = self._logits[rows.shape[0]] = self.ops.alloc((rows.shape[0], self.hp.n_vocab))
         output = self.w.get("output.weight") or self.w["token_embd.weight"]
-        self.ops.matmul(output, normed, logits, self.w.get("output.bias"))
+        project = self.ops.matmul_rows if b.n_rowwise else self.ops.matmul
+        project(output, normed, logits, self.w.get("output.bias"))
         self.finish_logits(logits)
         return self.ops.to_host(logits)
 

@@ -86,6 +86,7 @@ class RecurrentStates:
                        for il, spec in enumerate(layout) if isinstance(spec, LayerState)}
         self.position: int | None = 0  # how many tokens the buffers hold; None while a forward pass updates them
         self.checkpoints: list[tuple[int, dict]] = []  # (position, layer -> copies), oldest first
+        self._saved: tuple[int | None, dict] | None = None  # save(): (position, layer -> copies), made once
 
     def resume_at(self, shared: int) -> int:
         """Make the buffers hold at most the first `shared` tokens of what they hold now; returns how many
@@ -113,6 +114,19 @@ class RecurrentStates:
         self._copy(self.layers, copies)
         self.checkpoints.append((self.position, copies))
         del self.checkpoints[:-MAX_CHECKPOINTS]
+
+    def save(self) -> None:
+        """Copy every buffer aside (one copy, reused), to come back to with restore()."""
+        if self._saved is None:
+            self._saved = (None, {il: tuple(self.ops.alloc(b.shape) for b in buffers) for il, buffers in self.layers.items()})
+        self._copy(self.layers, self._saved[1])
+        self._saved = (self.position, self._saved[1])
+
+    def restore(self) -> None:
+        """The buffers and position as the last save() left them."""
+        position, copies = self._saved
+        self._copy(copies, self.layers)
+        self.position = position
 
     def _copy(self, src: dict, dst: dict) -> None:
         for il, buffers in src.items():

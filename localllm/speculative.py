@@ -1,0 +1,286 @@
+"""Speculative decoding: guess several next tokens cheaply, check them all in one forward pass of the model.
+
+Decoding reads every weight once per token, so its speed is the memory's. A forward pass over a few
+rows reads the weights once for all of them (the multi-row kernels), so checking k guessed tokens costs
+little more than producing one; every guess the model agrees with is a token for free.
+
+A step, with t the last token emitted (not yet in the cache) at position p:
+  1. a drafter proposes d1..dk (PromptLookup: tokens copied from earlier in the context; DraftModel: a
+     small model with the same vocabulary);
+  2. Decoder.verify runs t, d1..dk at positions p..p+k: row i's logits are, bit for bit, those a decode
+     step would give after t, d1..di;
+  3. row by row, the sampler's acceptance rule (Sampler.verify) keeps d(i+1) or emits its own token in
+     its place and ends the step; when every draft is kept, the last row gives one more token.
+So greedy output is the plain decode's token for token, and sampled output has plain sampling's
+distribution. Positions past the kept tokens hold refused drafts' K and V: a sequence's next step writes
+over them before anything reads them. Recurrent layers cannot be cut back, so a step that refuses part of
+its draft restores their state as it was before the step (KVCache.save_state) and runs the kept tokens
+again.
+
+DraftLength adapts k: it grows while drafts are kept whole and falls to what was kept after a refusal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .errors import LocalLLMError
+from .model.decoder import MAX_VERIFY_ROWS
+
+# The most tokens one step drafts (Decoder.verify takes one row more).
+MAX_DRAFT = 16
+# A draft model stops drafting when its most likely next token has less than this probability (at
+# temperature 1): a guess it is unsure of is mostly refused, and each refused row costs a row of
+# verification. (llama.cpp's --draft-p-min defaults to 0.75 in its server; 0.5 here, measured below.)
+DRAFT_P_MIN = 0.5
+# Tokens whose text must agree for a draft model's vocabulary to be the target's: all of them, as
+# llama.cpp's common_speculative_are_compatible checks, from id 5 (the first few are often control
+# tokens that differ between sizes of a family), with vocabulary sizes at most 128 apart.
+VOCAB_CHECK_START = 5
+VOCAB_MAX_SIZE_DIFFERENCE = 128
+
+
+class IncompatibleDraft(LocalLLMError):
+    """A draft model whose vocabulary is not the target's: its token ids would mean other text."""
+
+
+@dataclass
+class SpeculationStats:
+    """Counts over a generation: draft tokens proposed, kept, and verification steps run."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def add(self, other: "SpeculationStats") -> None:
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.steps += other.steps
+
+
+class DraftLength:
+    """How many tokens to draft next: starts at `initial`, grows by 2 after a step that kept its whole
+    draft (up to `maximum`), and falls to one more than the tokens kept after a refusal."""
+
+    def __init__(self, maximum: int, initial: int = 4):
+        self.maximum = maximum
+        self.k = min(initial, maximum)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        self.k = min(self.maximum, self.k + 2) if accepted == drafted else max(1, min(self.maximum, accepted + 1))
+
+
+class PromptLookup:
+    """Drafts copied from the context (prompt lookup decoding): the tokens that followed the latest
+    earlier occurrence of the context's last n tokens, the longest n from n_max down to n_min that
+    occurs. What pays on editing, summarising and code, where the answer repeats its input.
+
+    The n-grams of the history are indexed as it grows (a dict per n: n-gram -> where it last began),
+    so each step costs a few dictionary lookups whatever the context's length."""
+
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        self.n_min, self.n_max = n_min, n_max
+        self.index: dict[int, dict] = {n: {} for n in range(n_min, n_max + 1)}
+        self.indexed = 0  # n-grams ending before this position are indexed
+
+    def propose(self, history: list, k: int) -> tuple[list, None]:
+        """Up to k tokens to follow `history` (none when its last n tokens never occurred before)."""
+        end = len(history) - 1  # index the n-grams that have a token after them inside the history
+        for e in range(max(self.indexed, self.n_min), end + 1):
+            for n, table in self.index.items():
+                if e >= n:
+                    table[tuple(history[e - n : e])] = e - n
+        self.indexed = max(self.indexed, end + 1)
+        for n in range(self.n_max, self.n_min - 1, -1):
+            if len(history) <= n:
+                continue
+            first = self.index[n].get(tuple(history[-n:]))
+            if first is not None:
+                return list(history[first + n : first + n + k]), None
+        return [], None
+
+    def close(self) -> None:
+        pass
+
+
+class DraftModel:
+    """A small model drafting for a larger one with the same vocabulary (Gemma 3 270M for a larger Gemma 3,
+    Llama 3.2 1B for Llama 3.1 8B). It keeps its own session: each step it runs what the target kept
+    since the last step, then drafts up to k tokens one at a time, greedily when the target samples
+    greedily, else drawn from its own distribution (given to the acceptance rule as q)."""
+
+    def __init__(self, model, target_tokenizer, target_vocab: int, sampling=None, p_min: float = DRAFT_P_MIN):
+        from .sampling import Sampler
+
+        check_vocabularies(model.tokenizer, target_tokenizer, model.path)
+        self.model = model
+        self.session = model.new_session()
+        self.n_vocab = min(target_vocab, model.decoder.hp.n_vocab)
+        self.p_min = p_min
+        self.sampler = None
+        if sampling is not None and sampling.temperature > 0:  # the target's settings, without constraints
+            from dataclasses import replace
+
+            config = replace(sampling, grammar=None, logit_bias=None, seed=None if sampling.seed is None else sampling.seed + 1)
+            self.sampler = Sampler(config, model.decoder.hp.n_vocab)
+
+    def propose(self, history: list, k: int) -> tuple[list, Optional[list]]:
+        from .generate import prefill
+
+        decoder, session = self.model.decoder, self.session
+        n_ctx = self.model.n_ctx
+        if len(history) + k >= n_ctx:
+            return [], None
+        logits, _ = prefill(decoder, session, history, n_ctx)
+        drafts, probs = [], ([] if self.sampler is not None else None)
+        step = np.zeros(1, dtype=np.int32)
+        for i in range(k):
+            logits = np.asarray(logits)
+            if self._top_probability(logits) < self.p_min:
+                break
+            if self.sampler is None:
+                token = int(np.argmax(logits))
+            else:
+                q = self.sampler.probabilities(logits, history + drafts)
+                token = self.sampler.draw(q)
+                probs.append(q)
+            if token >= self.n_vocab:  # a token the target does not have
+                break
+            drafts.append(token)
+            if i + 1 < k:
+                step[0] = token
+                logits = decoder.forward(step, len(session.tokens), session.cache)[0]
+                session.tokens.append(token)
+        return drafts, probs
+
+    @staticmethod
+    def _top_probability(logits: np.ndarray) -> float:
+        peak = float(np.max(logits))
+        return 1.0 / float(np.exp(logits - np.float32(peak), dtype=np.float32).sum(dtype=np.float64))
+
+    def close(self) -> None:
+        self.session = None
+
+
+def check_vocabularies(draft_tokenizer, target_tokenizer, draft_path="the draft model") -> None:
+    """IncompatibleDraft unless the two tokenizers give token ids the same meaning (llama.cpp's rule:
+    same kind of vocabulary, same BOS and EOS, sizes at most 128 apart, the same text for every id from 5
+    up to the smaller size)."""
+    a, b = draft_tokenizer, target_tokenizer
+    name = getattr(draft_path, "name", draft_path)
+    reasons = []
+    if a.model != b.model:
+        reasons.append(f"its tokenizer is {a.model!r}, the model's {b.model!r}")
+    if a.bos_id != b.bos_id or a.eos_id != b.eos_id:
+        reasons.append(f"its BOS/EOS ids are {a.bos_id}/{a.eos_id}, the model's {b.bos_id}/{b.eos_id}")
+    if abs(a.vocab_size - b.vocab_size) > VOCAB_MAX_SIZE_DIFFERENCE:
+        reasons.append(f"its vocabulary has {a.vocab_size} tokens, the model's {b.vocab_size}")
+    if not reasons:
+        for i in range(VOCAB_CHECK_START, min(a.vocab_size, b.vocab_size)):
+            if a.tokens[i] != b.tokens[i]:
+                reasons.append(f"token {i} is {a.tokens[i]!r} there and {b.tokens[i]!r} in the model")
+                break
+    if reasons:
+        raise IncompatibleDraft(f"{name} cannot draft for this model: {reasons[0]}")
+
+
+@dataclass
+class Speculation:
+    """How `generate` speculates: prompt lookup, a draft model, or both (the draft model drafts when the
+    lookup finds nothing); at most `max_draft` tokens a step (1..MAX_DRAFT)."""
+
+    lookup: bool = True
+    draft: object = None  # a loaded Model (localllm.load) sharing the target's vocabulary
+    max_draft: int = 8
+    ngram_min: int = 2
+    ngram_max: int = 4
+
+    def __post_init__(self):
+        if not 1 <= int(self.max_draft) <= MAX_DRAFT:
+            raise ValueError(f"max_draft must be between 1 and {MAX_DRAFT}, got {self.max_draft}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"ngram sizes must satisfy 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.lookup or self.draft is not None)
+
+    def drafters(self, target, sampling) -> list:
+        """The drafters of one generation, in the order they are asked."""
+        found = []
+        if self.lookup:
+            found.append(PromptLookup(self.ngram_min, self.ngram_max))
+        if self.draft is not None:
+            found.append(DraftModel(self.draft, target.tokenizer, target.decoder.hp.n_vocab, sampling))
+        return found
+
+
+assert MAX_DRAFT + 1 <= MAX_VERIFY_ROWS
+
+
+def speculative_steps(decoder, session, out, sampler, drafters, first_logits, max_draft: int, stats: SpeculationStats):
+    """The decode loop of `generate_tokens` with speculation: yields the token events. `out`: the
+    SequenceOutput (engine/sequence.py), its history `out.ids`; first_logits: the prompt's last row."""
+    length = DraftLength(max_draft)
+    token = sampler.sample(first_logits, out.ids)
+    event = out.accept(token, first_logits, len(session.tokens))
+    if event is not None:
+        yield event
+    cache, n_ctx = session.cache, out.n_ctx
+    rows = np.zeros(MAX_DRAFT + 1, dtype=np.int32)
+    while out.finish is None:
+        position = len(session.tokens)  # where `token` goes
+        room = n_ctx - position - 2  # drafts whose position and next leave the context unfilled
+        budget = None if out.max_tokens is None else out.max_tokens - out.generated - 1
+        k = max(0, min(length.k, room, budget if budget is not None else length.k))
+        drafts, probs = _propose(drafters, out.ids, k)
+        n = len(drafts) + 1
+        rows[0] = token
+        rows[1:n] = drafts
+        if n > 1:
+            cache.save_state()
+            logits = decoder.verify(rows[:n], position, cache)
+        else:
+            logits = decoder.forward(rows[:1], position, cache)
+        session.tokens.append(token)
+        kept = accepted_drafts = 0
+        for i in range(n):
+            if i < len(drafts):
+                token, accepted = sampler.verify(logits[i], out.ids, drafts[i], None if probs is None else probs[i])
+            else:
+                token, accepted = sampler.sample(logits[i], out.ids), False
+            event = out.accept(token, logits[i], len(session.tokens))
+            if event is not None:
+                yield event
+            accepted_drafts += accepted
+            if not accepted or out.finish is not None:
+                break
+            kept += 1  # the draft's row ran: its K and V (and state) are this sequence's
+            session.tokens.append(token)
+        if drafts:
+            stats.drafted += len(drafts)
+            stats.accepted += accepted_drafts
+            stats.steps += 1
+            length.update(len(drafts), kept)
+            if kept < len(drafts) and cache.states is not None:  # recurrent layers: back to the kept tokens
+                cache.restore_state()
+                decoder.verify(rows[: kept + 1], position, cache)
+
+
+def _propose(drafters, history: list, k: int) -> tuple[list, Optional[list]]:
+    if k <= 0:
+        return [], None
+    for drafter in drafters:
+        drafts, probs = drafter.propose(history, k)
+        if drafts:
+            return drafts[:k], probs
+    return [], None
