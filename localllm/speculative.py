@@ -22,7 +22,7 @@ DraftLength adapts k: it grows while drafts are kept whole and falls to what was
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -118,20 +118,25 @@ class DraftModel:
     since the last step, then drafts up to k tokens one at a time, greedily when the target samples
     greedily, else drawn from its own distribution (given to the acceptance rule as q)."""
 
-    def __init__(self, model, target_tokenizer, target_vocab: int, sampling=None, p_min: float = DRAFT_P_MIN):
-        from .sampling import Sampler
-
+    def __init__(self, model, target_tokenizer, target_vocab: int, p_min: float = DRAFT_P_MIN):
         check_vocabularies(model.tokenizer, target_tokenizer, model.path)
         self.model = model
-        self.session = model.new_session()
+        self.session = model.new_session()  # kept across generations: a chat's next turn runs only what is new
         self.n_vocab = min(target_vocab, model.decoder.hp.n_vocab)
         self.p_min = p_min
         self.sampler = None
-        if sampling is not None and sampling.temperature > 0:  # the target's settings, without constraints
-            from dataclasses import replace
 
-            config = replace(sampling, grammar=None, logit_bias=None, seed=None if sampling.seed is None else sampling.seed + 1)
-            self.sampler = Sampler(config, model.decoder.hp.n_vocab)
+    def use_sampling(self, sampling) -> None:
+        """Draft as the target samples: greedily for a greedy target, else drawn from the draft's own
+        distribution under the same settings (without grammar or logit bias: q may be any distribution)."""
+        from dataclasses import replace
+
+        from .sampling import Sampler
+
+        self.sampler = None
+        if sampling is not None and sampling.temperature > 0:
+            seed = None if sampling.seed is None else sampling.seed + 1
+            self.sampler = Sampler(replace(sampling, grammar=None, logit_bias=None, seed=seed), self.model.decoder.hp.n_vocab)
 
     def propose(self, history: list, k: int) -> tuple[list, Optional[list]]:
         from .generate import prefill
@@ -168,7 +173,7 @@ class DraftModel:
         return 1.0 / float(np.exp(logits - np.float32(peak), dtype=np.float32).sum(dtype=np.float64))
 
     def close(self) -> None:
-        self.session = None
+        pass
 
 
 def check_vocabularies(draft_tokenizer, target_tokenizer, draft_path="the draft model") -> None:
@@ -196,13 +201,16 @@ def check_vocabularies(draft_tokenizer, target_tokenizer, draft_path="the draft 
 @dataclass
 class Speculation:
     """How `generate` speculates: prompt lookup, a draft model, or both (the draft model drafts when the
-    lookup finds nothing); at most `max_draft` tokens a step (1..MAX_DRAFT)."""
+    lookup finds nothing); at most `max_draft` tokens a step (1..MAX_DRAFT); lookups match the context's
+    last ngram_max down to ngram_min tokens."""
 
     lookup: bool = True
     draft: object = None  # a loaded Model (localllm.load) sharing the target's vocabulary
     max_draft: int = 8
     ngram_min: int = 2
     ngram_max: int = 4
+    draft_p_min: float = DRAFT_P_MIN  # the draft model stops below this top-token probability
+    _drafter: Optional[tuple] = field(default=None, repr=False, compare=False)  # (target, DraftModel)
 
     def __post_init__(self):
         if not 1 <= int(self.max_draft) <= MAX_DRAFT:
@@ -215,13 +223,23 @@ class Speculation:
         return bool(self.lookup or self.draft is not None)
 
     def drafters(self, target, sampling) -> list:
-        """The drafters of one generation, in the order they are asked."""
+        """The drafters of one generation, in the order they are asked. The draft model's drafter (its
+        vocabulary checked, its session) is made once per target and kept: one conversation at a time."""
         found = []
         if self.lookup:
             found.append(PromptLookup(self.ngram_min, self.ngram_max))
         if self.draft is not None:
-            found.append(DraftModel(self.draft, target.tokenizer, target.decoder.hp.n_vocab, sampling))
+            found.append(self.draft_model(target))
+            found[-1].use_sampling(sampling)
         return found
+
+    def draft_model(self, target) -> DraftModel:
+        """The DraftModel drafting for `target` (IncompatibleDraft if its vocabulary is not target's)."""
+        kept = self._drafter
+        if kept is None or kept[0] is not target:
+            drafter = DraftModel(self.draft, target.tokenizer, target.decoder.hp.n_vocab, self.draft_p_min)
+            kept = self._drafter = (target, drafter)
+        return kept[1]
 
 
 assert MAX_DRAFT + 1 <= MAX_VERIFY_ROWS

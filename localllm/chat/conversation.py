@@ -103,8 +103,10 @@ class TurnStats:
 
 
 class Conversation:
-    def __init__(self, model, system: Optional[str] = None, settings: Optional[ChatSettings] = None):
+    def __init__(self, model, system: Optional[str] = None, settings: Optional[ChatSettings] = None, speculation=None):
+        """`speculation`: a Speculation (localllm/speculative.py) every reply decodes with, or None."""
         self.model = model
+        self.speculation = speculation
         self.settings = settings or ChatSettings()
         self.messages: list[dict] = []
         self.session = model.new_session()
@@ -164,7 +166,7 @@ class Conversation:
         self.messages.append(reply)
         sampling = self.settings.sampling(self.model.chat_repeat_penalty())
         stream = self.model.generate(prompt, max_tokens=self.settings.max_tokens, sampling=sampling,
-                                     session=self.session, stop=self.model.chat_stop())
+                                     session=self.session, stop=self.model.chat_stop(), speculation=self.speculation)
         try:
             for event in stream:
                 if event.kind == "token":

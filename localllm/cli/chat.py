@@ -48,6 +48,9 @@ def chat(
     seed: Optional[int] = opt.Seed,
     grammar: Optional[str] = opt.GrammarFile,
     json_schema: Optional[str] = opt.JsonSchema,
+    lookup: bool = opt.Lookup,
+    draft: Optional[str] = opt.Draft,
+    draft_max: int = opt.DraftMax,
     ctx: Optional[int] = opt.Ctx,
     threads: Optional[int] = opt.Threads,
     backend: str = opt.Backend,
@@ -69,9 +72,10 @@ def chat(
         raise typer.BadParameter("--max-tokens must be >= 1")
     llm = load_with_status(model, ctx, threads, yes, backend)
     llm.check_generates()
+    speculation = opt.speculation(llm, lookup, draft, draft_max, threads, backend, yes)
     if llm.is_base_model:
         ui.console.print(f"[yellow]{base_model_note(llm)}[/yellow]", soft_wrap=True)
-    conversation = Conversation(llm, system=system, settings=settings)
+    conversation = Conversation(llm, system=system, settings=settings, speculation=speculation)
     Repl(conversation, threads).run()
 
 

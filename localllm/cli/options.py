@@ -47,6 +47,36 @@ GrammarFile = typer.Option(None, "--grammar", help="GBNF grammar file (llama.cpp
 JsonSchema = typer.Option(None, "--json-schema", show_default=False,
                           help="JSON Schema, as a file or inline JSON: the output is JSON valid under it.")
 Stop = typer.Option(None, "--stop", help="Stop string (repeatable).")
+# Speculative decoding (localllm/speculative.py): the output is the same (greedy) or identically distributed.
+Lookup = typer.Option(True, "--lookup/--no-lookup",
+                      help="Prompt lookup: draft tokens copied from earlier in the context, checked in one pass.")
+Draft = typer.Option(None, "--draft", show_default=False,
+                     help="A small model with the same vocabulary drafting tokens for this one (path or name).")
+DraftMax = typer.Option(8, "--draft-max", help="The most tokens drafted per step (1-16; adapts below it).")
+
+
+def speculation(llm, lookup: bool, draft: Optional[str], draft_max: int, threads: Optional[int], backend: str, yes: bool = False):
+    """The Speculation of the options (None when both drafters are off): the draft model loaded with the
+    target's context, its vocabulary checked now (IncompatibleDraft: one line, before any prompt)."""
+    from ..speculative import MAX_DRAFT, Speculation
+
+    if not 1 <= draft_max <= MAX_DRAFT:
+        raise typer.BadParameter(f"--draft-max must be between 1 and {MAX_DRAFT}, got {draft_max}")
+    if not lookup and draft is None:
+        return None
+    draft_model = None
+    if draft is not None:
+        import localllm
+        from ..hub.resolve import resolve_model
+        from . import ui
+
+        with ui.pull_progress() as progress:
+            path = resolve_model(draft, allow_pull=ui.download_consent(yes), progress=progress)
+        draft_model = localllm.load(path, n_ctx=llm.n_ctx, threads=threads, backend=backend)
+    spec = Speculation(lookup=lookup, draft=draft_model, max_draft=draft_max)
+    if draft_model is not None:
+        spec.draft_model(llm)
+    return spec
 
 
 def sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop: Optional[List[str]]):

@@ -25,6 +25,9 @@ def run(
     stop: Optional[List[str]] = opt.Stop,
     grammar: Optional[str] = opt.GrammarFile,
     json_schema: Optional[str] = opt.JsonSchema,
+    lookup: bool = opt.Lookup,
+    draft: Optional[str] = opt.Draft,
+    draft_max: int = opt.DraftMax,
     chat: bool = typer.Option(False, "--chat", help="Apply the model's chat template to the prompt (a base model: a transcript)."),
     json_out: bool = typer.Option(False, "--json", help="Print {prompt_tokens, tokens, text, timings}."),
     ctx: Optional[int] = opt.Ctx,
@@ -46,13 +49,14 @@ def run(
     with ui.pull_progress() as progress:
         path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
     llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
+    speculation = opt.speculation(llm, lookup, draft, draft_max, threads, backend, yes)
     source = [{"role": "user", "content": prompt}] if chat else prompt
     prompt_ids = llm.render_chat(source) if chat else llm.tokenize(prompt)
     if chat:  # the template's stop strings and default penalty (a base model's transcript: "\nUser:", 1.1)
         config = dataclasses.replace(config, repeat_penalty=llm.chat_repeat_penalty(repeat_penalty),
                                      stop=config.stop + llm.chat_stop())
     tokens, pieces, timings = [], [], None
-    for event in llm.generate(prompt_ids, max_tokens=max_tokens, sampling=config):
+    for event in llm.generate(prompt_ids, max_tokens=max_tokens, sampling=config, speculation=speculation):
         if event.kind == "token":
             if event.token is not None:
                 tokens.append(event.token)

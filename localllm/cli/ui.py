@@ -119,11 +119,15 @@ def timing_summary(timings, context_used: int, n_ctx: int) -> str:
     Timings; `context_used` of `n_ctx` tokens in the KV cache after the reply."""
     new_tokens = timings.prompt_tokens - timings.cached_tokens
     prompt_rate = new_tokens / timings.prompt_seconds if timings.prompt_seconds > 0 else 0.0
-    return (
+    line = (
         f"time to first token {timings.time_to_first_token:.2f} s · prompt {new_tokens} new tokens "
         f"({timings.cached_tokens} cached) at {prompt_rate:.1f} tok/s · reply {timings.generated_tokens} tokens at "
         f"{timings.generation_tps:.1f} tok/s · context {context_used}/{n_ctx}"
     )
+    drafted = getattr(timings, "draft_tokens", 0)
+    if drafted:  # speculative decoding: how many drafted tokens the model kept
+        line += f" · drafts {timings.draft_accepted}/{drafted} accepted ({100 * timings.draft_accepted / drafted:.0f}%)"
+    return line
 
 
 def print_model_summary(info: dict[str, Any]) -> None:
