@@ -176,6 +176,22 @@ class DraftModel:
         pass
 
 
+class Replay:
+    """Drafts a known continuation: `answer`, the tokens a plain generation of the same prompt gave
+    (greedy), so every draft is kept. What verification costs at its ceiling (`localllm bench --replay`,
+    scripts/bench_speculative.py), with no drafting cost."""
+
+    def __init__(self, prompt_len: int, answer: list):
+        self.prompt_len, self.answer = prompt_len, list(answer)
+
+    def propose(self, history: list, k: int) -> tuple[list, None]:
+        done = len(history) - self.prompt_len
+        return self.answer[done : done + k], None
+
+    def close(self) -> None:
+        pass
+
+
 def check_vocabularies(draft_tokenizer, target_tokenizer, draft_path="the draft model") -> None:
     """IncompatibleDraft unless the two tokenizers give token ids the same meaning (llama.cpp's rule:
     same kind of vocabulary, same BOS and EOS, sizes at most 128 apart, the same text for every id from 5
@@ -206,6 +222,7 @@ class Speculation:
 
     lookup: bool = True
     draft: object = None  # a loaded Model (localllm.load) sharing the target's vocabulary
+    drafter: object = None  # any other drafter (propose(history, k) -> (tokens, probs or None); close()), asked first
     max_draft: int = 8
     ngram_min: int = 2
     ngram_max: int = 4
@@ -220,12 +237,12 @@ class Speculation:
 
     @property
     def active(self) -> bool:
-        return bool(self.lookup or self.draft is not None)
+        return bool(self.lookup or self.draft is not None or self.drafter is not None)
 
     def drafters(self, target, sampling) -> list:
         """The drafters of one generation, in the order they are asked. The draft model's drafter (its
         vocabulary checked, its session) is made once per target and kept: one conversation at a time."""
-        found = []
+        found = [] if self.drafter is None else [self.drafter]
         if self.lookup:
             found.append(PromptLookup(self.ngram_min, self.ngram_max))
         if self.draft is not None:

@@ -108,7 +108,7 @@ def _tiny_prompt(n_vocab):
     return [2] + motif * 3 + [int(t) for t in rng.integers(4, n_vocab, 5)] + motif[:3]
 
 
-class Replay:
+class FaultyReplay:
     """A drafter that knows the answer (plain decoding's tokens) but gets every `wrong`-th drafted token
     wrong: steps that keep their whole draft and steps refused part way, at every draft length."""
 
@@ -128,17 +128,6 @@ class Replay:
         pass
 
 
-class ReplaySpeculation(Speculation):
-    def __init__(self, replay, **kw):
-        super().__init__(lookup=False, **kw)
-        self.replay = replay
-
-    active = True
-
-    def drafters(self, target, sampling):
-        return [self.replay]
-
-
 @pytest.mark.parametrize("arch", TINY)
 def test_greedy_is_plain_decoding_on_every_kind_of_layer(arch, tiny_dir):
     """Lookup drafts (the prompt repeats a motif), a draft model (another architecture over the same
@@ -153,7 +142,7 @@ def test_greedy_is_plain_decoding_on_every_kind_of_layer(arch, tiny_dir):
     n_vocab = model.decoder.hp.n_vocab
     prompt = _tiny_prompt(n_vocab)
     answer, _, _ = _run(model, prompt, max_tokens=40, temperature=0, session=model.new_session())
-    replay = ReplaySpeculation(Replay(len(prompt), answer, 5, n_vocab), max_draft=6)
+    replay = Speculation(lookup=False, drafter=FaultyReplay(len(prompt), answer, 5, n_vocab), max_draft=6)
     for spec in (Speculation(max_draft=5), Speculation(lookup=False, draft=draft, max_draft=3, draft_p_min=0.0), replay):
         plain_session, spec_session = model.new_session(), model.new_session()
         plain, _, _ = _run(model, prompt, max_tokens=40, temperature=0, session=plain_session)
@@ -161,7 +150,7 @@ def test_greedy_is_plain_decoding_on_every_kind_of_layer(arch, tiny_dir):
         assert got == plain
         if spec is replay:  # drafts kept and refused: the recurrent layers' rollback ran
             assert 0 < done.timings.draft_accepted < done.timings.draft_tokens
-            replay.replay.answer = []  # the next turn drafts nothing this way
+            replay.drafter.answer = []  # the next turn drafts nothing this way
         assert spec_session.tokens == plain_session.tokens
         follow = prompt + plain + prompt[1:8]  # a next turn extending what the sessions hold
         plain2, _, _ = _run(model, follow, max_tokens=12, temperature=0, session=plain_session)

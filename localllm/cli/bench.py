@@ -29,6 +29,11 @@ def bench(
     repetitions: int = typer.Option(5, "--repetitions", "-r", help="Timed runs per test (after one warm-up)."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list with llama-bench's keys."),
     backend: str = opt.Backend,
+    draft: Optional[str] = typer.Option(None, "--draft", show_default=False,
+                                        help="tg tests speculate with this draft model (greedy drafts)."),
+    draft_max: int = opt.DraftMax,
+    replay: int = typer.Option(0, "--replay", help="tg tests verify this many drafted tokens a step, each the model's "
+                                                   "own greedy continuation (acceptance 100%: verification's ceiling)."),
 ) -> None:
     """Measure prompt processing (pp) and text generation (tg) speed, as llama-bench does."""
     from ..bench import bench as run_bench
@@ -40,9 +45,32 @@ def bench(
     if repetitions < 1:
         raise typer.BadParameter("--repetitions must be >= 1")
     counts = _thread_list(threads) if threads else [None]
+    speculative = _speculative(draft, draft_max, replay, n_depth + n_gen + 16, backend)
     progress = None if json_out else (lambda msg: ui.status(f"running {msg}"))
-    results = list(run_bench(model, n_prompt, n_gen, counts, repetitions, progress=progress, backend=backend, n_depth=n_depth))
+    results = list(run_bench(model, n_prompt, n_gen, counts, repetitions, progress=progress, backend=backend, n_depth=n_depth,
+                             speculative=speculative))
     if json_out:
         ui.print_json([r.as_dict() for r in results])
         return
     ui.bench_table(results)
+
+
+def _speculative(draft: Optional[str], draft_max: int, replay: int, n_ctx: int, backend: str):
+    """The speculative tg test of --draft / --replay (None: plain tg)."""
+    from ..bench import SpeculativeGeneration
+    from ..speculative import MAX_DRAFT
+
+    if draft is not None and replay:
+        raise typer.BadParameter("--draft and --replay are two different tests: give one")
+    for name, value in (("--draft-max", draft_max), ("--replay", replay or 1)):
+        if not 1 <= value <= MAX_DRAFT:
+            raise typer.BadParameter(f"{name} must be between 1 and {MAX_DRAFT}, got {value}")
+    if replay:
+        return SpeculativeGeneration(replay=replay)
+    if draft is None:
+        return None
+    import localllm
+
+    draft_model = localllm.load(draft, n_ctx=n_ctx, backend=backend)
+    draft_model.backend.wait_for_kernels()  # a cold start's background compile, as bench waits for the model's
+    return SpeculativeGeneration(draft=draft_model, max_draft=draft_max)

@@ -188,9 +188,10 @@ def bench_table(results) -> None:
     for column in ("model", "size", "params", "backend", "threads", "test", "t/s"):
         table.add_column(column, justify="right" if column not in ("model", "backend") else "left")
     for r in results:
+        test = r.test + (f" ({100 * r.draft_acceptance:.0f}% kept)" if getattr(r, "speculation", "") and not r.n_prompt else "")
         table.add_row(
             Text(terminal_safe(r.model_type)), human_bytes(r.model_size), human_count(r.n_params), r.backend, str(r.n_threads),
-            r.test, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
+            test, f"{r.avg_ts:.2f} ± {r.stddev_ts:.2f}",
         )
     console.print(table)
 

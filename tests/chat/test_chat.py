@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -174,7 +175,11 @@ def test_chat_streams_a_reply_and_regen_at_temperature_zero_reproduces_it(tmp_pa
         first = ask(child, "/regen")
         second = ask(child, "/regen")
         assert first.strip() and first == second
-        assert "context:" in ask(child, "/stats")
+        stats = ask(child, "/stats")
+        assert "context:" in stats
+        # prompt lookup is on by default: the greedy story repeats itself, so drafts were made and kept
+        kept = re.search(r"drafts (\d+)/(\d+) accepted \((\d+)%\)", stats)
+        assert kept and 0 < int(kept.group(1)) <= int(kept.group(2)), stats
         child.sendline("/bye")
         child.expect(pexpect.EOF)
     finally:

@@ -199,6 +199,38 @@ def test_bench_depth_runs_every_test_after_the_cached_tokens(tiny_llama, monkeyp
     assert calls == depth_fill + prompt_run * 3 + gen_run * 3
 
 
+def test_bench_replay_verifies_the_models_own_continuation(capsys, tiny_llama):
+    code, out, err = run_cli(capsys, "bench", tiny_llama, "-p", "0", "-n", "12", "-t", "1", "-r", "2", "--replay", "3", "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)
+    # every draft is the greedy continuation a plain run recorded: all kept
+    assert row["test"] == "tg12 +replay3" and row["speculation"] == "replay3" and row["draft_acceptance"] == 1.0
+    assert len(row["samples_ns"]) == 2
+
+
+def test_speculation_options_out_of_range_or_incompatible_are_one_line(capsys, tiny_llama, gemma_path):
+    code, out, err = run_cli(capsys, "run", tiny_llama, "hi", "--draft-max", "17")
+    assert code == 2 and "--draft-max must be between 1 and 16" in err and err.count("\n") == 1
+    code, out, err = run_cli(capsys, "bench", tiny_llama, "--replay", "2", "--draft", tiny_llama)
+    assert code == 2 and "two different tests" in err and err.count("\n") == 1
+    code, out, err = run_cli(capsys, "run", tiny_llama, "hi", "-n", "2", "--draft", gemma_path)
+    assert code == 1 and "cannot draft for this model: its vocabulary has 262144 tokens, the model's 384" in err
+    assert err.count("\n") == 1 and out == ""
+
+
+def test_run_with_a_draft_model_prints_plain_decodings_tokens(capsys, tiny_llama, tmp_path):
+    draft = write_tiny_model(tmp_path / "draft.gguf", "gemma3", "Q8_0", seed=4)
+    args = ("run", tiny_llama, "▁ab▁cd▁ab▁cd", "-n", "16", "--temperature", "0", "--json")
+    code, out, err = run_cli(capsys, *args, "--no-lookup")
+    assert code == 0, err
+    plain = json.loads(out)
+    assert plain["timings"]["draft_tokens"] == 0
+    code, out, err = run_cli(capsys, *args, "--draft", draft, "--draft-max", "3")
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["tokens"] == plain["tokens"] and got["timings"]["draft_tokens"] > 0
+
+
 @pytest.mark.parametrize("command", ["bench", "chat", "run", "serve"])
 def test_help_keeps_the_cuda_extra_in_brackets(command):
     # rich renders Typer's help and takes an unescaped "[cuda]" for a style tag, dropping it from the text.
