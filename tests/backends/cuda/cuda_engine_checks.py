@@ -79,3 +79,24 @@ def test_the_batching_engine_runs_on_the_device(tmp_path):
             events = model.generate(prompt, max_tokens=2, temperature=0.0, top_logprobs=0, session=model.new_session())
             alone = [(e.token, e.logprob) for e in events if e.kind == "token"]
             assert got == alone and len(alone) == 2
+
+
+def test_verified_rows_equal_decode_steps_on_the_device(tmp_path):
+    """Speculative decoding's Decoder.verify on the CUDA backend: each of its rows' logits equal, bit for
+    bit, those of the one-token steps that would decode the same tokens (localllm/speculative.py)."""
+    import localllm
+    from localllm.model.decoder import KVCache
+
+    with model_dimensions():
+        tiny_models.N_VOCAB = 260 if not FULL else tiny_models.N_VOCAB
+        path = tiny_models.write_tiny_model(tmp_path / "m.gguf", "llama", "Q8_0", seed=5)
+    prompt, tokens = np.array([2, 100, 200, 37], np.int32), np.array([5, 61, 7, 140], np.int32)
+    with localllm.load(path, n_ctx=16, backend="cuda") as model:
+        dec = model.decoder
+        steps_cache, verify_cache = (KVCache(model.backend, dec.hp, 16, dec.kv_layout()) for _ in range(2))
+        dec.forward(prompt, 0, steps_cache)
+        dec.forward(prompt, 0, verify_cache)
+        steps = [np.array(dec.forward(tokens[i : i + 1], len(prompt) + i, steps_cache)[0]) for i in range(len(tokens))]
+        rows = np.array(dec.verify(tokens, len(prompt), verify_cache))
+        for i, row in enumerate(steps):
+            np.testing.assert_array_equal(rows[i], row)

@@ -47,8 +47,9 @@ def test_cuda_backend_checks():
 
 def test_take_rows_and_the_batching_engine_under_the_cuda_simulator():
     # cuda_engine_checks.py: the take_rows kernel against np.take, and the batching engine on the CUDA
-    # backend giving two batched requests what generate gives each alone
-    assert re.search(r"\b2 passed\b", run_under_simulator("cuda_engine_checks.py"))
+    # backend giving two batched requests what generate gives each alone, and speculative decoding's
+    # verified rows equal to the decode steps
+    assert re.search(r"\b3 passed\b", run_under_simulator("cuda_engine_checks.py"))
 
 
 def test_encoders_under_the_cuda_simulator():
