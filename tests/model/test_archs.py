@@ -308,7 +308,8 @@ def test_prompt_over_context_raises_with_the_numbers(tiny):
 def test_memory_estimate_counts_the_kv_cache_load_allocates(tiny, arch):
     """estimate_memory's KV bytes (from metadata alone) equal the bytes of the cache a session holds:
     Gemma 4's narrower local layers and shared layers included; for a hybrid, its recurrent buffers and
-    room for their MAX_CHECKPOINTS copies (made as prompts are prefilled)."""
+    room for their MAX_CHECKPOINTS copies (made as prompts are prefilled) and for the copy speculative
+    decoding keeps (KVCache.save_state, made at its first step)."""
     from localllm.api import estimate_memory
     from localllm.model.recurrent import MAX_CHECKPOINTS
 
@@ -317,7 +318,7 @@ def test_memory_estimate_counts_the_kv_cache_load_allocates(tiny, arch):
     cache = model.session.cache
     allocated = sum(a.nbytes for a in {id(a): a for a in cache.k + cache.v if a is not None}.values())
     if cache.states is not None:
-        allocated += (1 + MAX_CHECKPOINTS) * sum(b.nbytes for bs in cache.states.layers.values() for b in bs)
+        allocated += (2 + MAX_CHECKPOINTS) * sum(b.nbytes for bs in cache.states.layers.values() for b in bs)
     assert estimate_memory(path, n_ctx=64).kv_bytes == model.memory.kv_bytes == allocated
 
 
