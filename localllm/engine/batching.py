@@ -351,6 +351,8 @@ class Engine:
         budget = self.prefill_chunk
         for seq in prefilling:  # prompt chunks, oldest request first, while they fit in one chunk's rows
             end = min(seq.n_past + self.prefill_chunk, seq.n_prompt)
+            if self.states is not None and seq.n_past < seq.n_prompt - 1:
+                end = min(end, seq.n_prompt - 1)  # recurrent layers: the last token alone, as `prefill` runs it
             if runs[len(decoding):] and end - seq.n_past > budget:
                 break
             budget -= end - seq.n_past
