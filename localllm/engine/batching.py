@@ -2,11 +2,11 @@
 
 Every step the engine admits queued requests while there are free slots (`parallel`) and KV blocks,
 then runs ONE forward pass over all active sequences: one row per decoding sequence (its last sampled
-token) plus the next prompt chunk of the sequences still reading their prompts, oldest first, as many
-as fit in one chunk's rows (PREFILL_CHUNK) together (the first always runs). Each weight is read once
-per step for all of them (Backend.matmul_segments): the prompt chunks of BLAS_MIN_ROWS rows or more, for
-a type without multi-row kernels, share each dequantized tile for their own BLAS products; the other
-chunks (every chunk, for the types with multi-row kernels) go through the row kernels in one call, each
+token; more with speculation, below) plus the next prompt chunk of the sequences still reading their
+prompts, oldest first, as many as fit in one chunk's rows (PREFILL_CHUNK) together (the first always
+runs). Each weight is read once per step for all of them (Backend.matmul_segments): the prompt chunks
+of BLAS_MIN_ROWS rows or more, for a type without multi-row kernels, share each dequantized tile for
+their own BLAS products; the other chunks (every chunk, for the types with multi-row kernels) go through the row kernels in one call, each
 row as the row kernels compute it alone. Each sequence samples from its own logits with its own Sampler
 (own seed, penalties), hands the token to its SequenceOutput (engine/sequence.py: the output path
 `generate` runs too: end of generation, logprobs, text, stop strings, limits), and its events go to the
@@ -18,6 +18,15 @@ kernels (Buffers.n_rowwise), and each prefill chunk is computed as if alone with
 `generate` (PREFILL_CHUNK from the first uncached position). So a greedy request returns the same
 tokens as `Model.generate` alone, whatever else runs with it, when its prompt found nothing in the
 prefix cache (a prefix hit changes where the prefill chunks start; see docs/server.md).
+
+Speculative decoding (Engine(speculation=...), `serve --lookup`): each decoding sequence may draft up
+to k tokens by prompt lookup (its own PromptLookup and DraftLength, localllm/speculative.py) and then
+runs 1 + k rows instead of one: its last token and its drafts, all in the leading row-wise rows
+(BatchLayout.n_rowwise counts every decoding row), so each is computed as a one-token step computes it
+(matmul_rows; its attention, under 32 rows, by the Numba kernel; recurrent layers one row at a time),
+with the logits of every one of them. Sampler.verify then keeps drafts or replaces the first refused
+one (Engine._verify), so greedy answers stay Model.generate's and sampled ones keep their distribution.
+A sequence never drafts past MAX_VERIFY_ROWS rows, its token budget or the context.
 
 Work that needs the model to itself and is no sequence (an embedding: Model.embed's forward pass on its
 own cache) is handed to the engine thread with `call`, and runs there between two steps: the model's
