@@ -25,7 +25,8 @@ def serve(
     backend: str = opt.Backend,
     lookup: bool = typer.Option(False, "--lookup/--no-lookup",
                                 help="Speculative decoding by prompt lookup: each sequence drafts tokens copied from "
-                                     "its context, checked in its step (same output, faster on repetitive text)."),
+                                     "its context, checked in its step (the same answers; faster where they repeat "
+                                     "their context, a little slower where they do not)."),
     draft_max: int = typer.Option(8, "--draft-max", min=1, max=16, help="Tokens a sequence drafts per step at most."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No access log (one line per request on stderr)."),
 ) -> None:
