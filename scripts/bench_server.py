@@ -8,11 +8,19 @@ Starts the server in-process on 127.0.0.1 (a free port) and drives it over HTTP 
      resident memory sampled, KV pool bounded by --cache-mb.
 
     python scripts/bench_server.py [--model PATH] [--soak-seconds 120] [--tokens 32] [--rounds 6] [--throughput-only]
+
+With --lookup, instead: speculative decoding by prompt lookup (serve --lookup) against none, a server of
+each in turn: aggregate tokens/s of --lookup-clients concurrent greedy completions that copy a ~300-token
+code snippet back, and of --chat-clients of the 8 short chat prompts above (text that repeats little),
+median of --lookup-runs runs, each answer checked against the other server's.
+
+    python scripts/bench_server.py --lookup [--lookup-clients 4] [--chat-clients 8] [--lookup-runs 3] [--draft-max 8]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import resource
 import statistics
 import sys
@@ -56,6 +64,111 @@ def throughput(server, n_clients: int, max_tokens: int, rounds: int = 2) -> floa
     with ThreadPoolExecutor(n_clients) as pool:
         tokens = sum(pool.map(one, range(n_clients)))
     return tokens / (time.perf_counter() - t0)
+
+
+CODE = '''import json
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    quantity: int = 1
+    tags: list = field(default_factory=list)
+
+    def total(self) -> float:
+        return self.price * self.quantity
+
+
+class Cart:
+    def __init__(self):
+        self.items = []
+
+    def add(self, item: Item) -> None:
+        for existing in self.items:
+            if existing.name == item.name:
+                existing.quantity += item.quantity
+                return
+        self.items.append(item)
+
+    def remove(self, name: str) -> None:
+        self.items = [item for item in self.items if item.name != name]
+
+    def total(self) -> float:
+        return sum(item.total() for item in self.items)
+
+    def to_json(self) -> str:
+        return json.dumps([{"name": i.name, "price": i.price, "quantity": i.quantity} for i in self.items])
+
+
+def main():
+    cart = Cart()
+    cart.add(Item("apple", 0.5, 6))
+    cart.add(Item("bread", 2.25))
+    cart.add(Item("apple", 0.5, 2))
+    cart.remove("bread")
+    print(cart.total(), cart.to_json())
+'''
+
+
+def copy_prompt(i: int) -> str:
+    """A completion prompt whose answer copies the code (each client's differs in its first line, so no
+    prefix is shared)."""
+    code = f"# version {i}\n" + CODE
+    return f"Original:\n```python\n{code}```\n\nCopy:\n```python\n# version {i}\n"
+
+
+def lookup_throughput(server, prompts: list, max_tokens: int, chat: bool) -> tuple[float, list]:
+    """Aggregate generated tokens/s of the prompts sent at once (greedy), and the answers."""
+    client = client_for(server)
+
+    def one(prompt):
+        if chat:
+            reply = ask(client, server.model_id, prompt, max_tokens)
+            return reply.usage.completion_tokens, reply.choices[0].message.content
+        reply = client.completions.create(model=server.model_id, prompt=prompt, max_tokens=max_tokens, temperature=0)
+        return reply.usage.completion_tokens, reply.choices[0].text
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    return sum(n for n, _ in results) / (time.perf_counter() - t0), [text for _, text in results]
+
+
+def lookup_comparison(model, args) -> int:
+    """Both servers up at once (an idle engine only waits), driven in turn, run after run, so that a
+    machine whose speed drifts weighs on both alike; the medians, and the median of the per-run ratios."""
+    copying = [copy_prompt(i) for i in range(args.lookup_clients)]
+    workloads = {"copy": (copying, False, args.lookup_tokens), "chat": (PROMPTS[: args.chat_clients], True, args.tokens)}
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for lookup in (False, True):
+            options = ServeOptions(host="127.0.0.1", port=0, parallel=8, cache_mb=args.cache_mb, max_queue=64,
+                                   lookup=lookup, draft_max=args.draft_max)
+            servers[lookup] = stack.enter_context(BackgroundServer(model, options))
+            ask(client_for(servers[lookup]), servers[lookup].model_id, "warm up", 4)
+        rates = {(lookup, name): [] for lookup in servers for name in workloads}
+        same = True
+        for _ in range(args.lookup_runs):
+            for name, (prompts, chat, n) in workloads.items():
+                answers = []
+                for lookup, server in servers.items():
+                    rate, texts = lookup_throughput(server, prompts, n, chat)
+                    rates[lookup, name].append(rate)
+                    answers.append(texts)
+                # the same run on both: the same prefix-cache hits (a hit can change an answer at a near-tie)
+                same &= answers[0] == answers[1]
+        stats = {lookup: (s.engine.stats.draft_tokens, s.engine.stats.draft_accepted) for lookup, s in servers.items()}
+    for name, (prompts, _, n) in workloads.items():
+        off, on = rates[False, name], rates[True, name]
+        ratios = [b / a for a, b in zip(off, on)]
+        print(f"{name} ({len(prompts)} clients x {n} tokens): no lookup {statistics.median(off):.1f} tok/s, "
+              f"lookup {statistics.median(on):.1f} tok/s; per-run ratio median {statistics.median(ratios):.2f}x "
+              f"(runs: {', '.join(f'{r:.2f}' for r in ratios)})")
+    print(f"lookup server: drafted {stats[True][0]}, kept {stats[True][1]}")
+    print("answers identical with and without lookup" if same else "ANSWERS DIFFER with lookup")
+    return 0 if same else 1
 
 
 def ttft(server, system: str, question: str) -> float:
@@ -138,9 +251,17 @@ def main() -> int:
     parser.add_argument("--cache-mb", type=float, default=256)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--throughput-only", action="store_true", help="stop after the 1 vs 8 client throughput")
+    parser.add_argument("--lookup", action="store_true", help="compare speculative decoding by prompt lookup with none")
+    parser.add_argument("--lookup-clients", type=int, default=4)
+    parser.add_argument("--lookup-runs", type=int, default=3)
+    parser.add_argument("--chat-clients", type=int, default=8, help="concurrent chat prompts (of the 8 above)")
+    parser.add_argument("--lookup-tokens", type=int, default=200, help="tokens per copying request")
+    parser.add_argument("--draft-max", type=int, default=8)
     args = parser.parse_args()
 
     model = localllm.load(args.model, n_ctx=2048, threads=args.threads)
+    if args.lookup:
+        return lookup_comparison(model, args)
     options = ServeOptions(host="127.0.0.1", port=0, parallel=8, cache_mb=args.cache_mb, max_queue=64)
     with BackgroundServer(model, options) as server:  # the engine warms up as `localllm serve`'s does
         ask(client_for(server), server.model_id, "warm up", 4)

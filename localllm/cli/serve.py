@@ -23,6 +23,11 @@ def serve(
     max_queue: int = typer.Option(64, "--max-queue", min=1, help="Waiting requests before 503."),
     threads: Optional[int] = opt.Threads,
     backend: str = opt.Backend,
+    lookup: bool = typer.Option(False, "--lookup/--no-lookup",
+                                help="Speculative decoding by prompt lookup: each sequence drafts tokens copied from "
+                                     "its context, checked in its step (the same answers; faster where they repeat "
+                                     "their context, a little slower where they do not)."),
+    draft_max: int = typer.Option(8, "--draft-max", min=1, max=16, help="Tokens a sequence drafts per step at most."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No access log (one line per request on stderr)."),
 ) -> None:
     """Serve MODEL over an OpenAI-compatible HTTP API."""
@@ -35,7 +40,8 @@ def serve(
         raise LocalLLMError("serve does not support --backend cuda yet (its batched decode needs host buffers); use --backend cpu")
 
     options = ServeOptions(host=host, port=port, parallel=parallel, ctx=ctx, api_key=api_key, cache_mb=cache_mb,
-                           max_queue=max_queue, threads=threads, access_log=None if quiet else _log_line)
+                           max_queue=max_queue, threads=threads, access_log=None if quiet else _log_line,
+                           lookup=lookup, draft_max=draft_max)
 
     def ready(llm, engine, model_id, url) -> None:
         # url has the port actually bound (--port 0: the one the system chose)

@@ -2,11 +2,11 @@
 
 Every step the engine admits queued requests while there are free slots (`parallel`) and KV blocks,
 then runs ONE forward pass over all active sequences: one row per decoding sequence (its last sampled
-token) plus the next prompt chunk of the sequences still reading their prompts, oldest first, as many
-as fit in one chunk's rows (PREFILL_CHUNK) together (the first always runs). Each weight is read once
-per step for all of them (Backend.matmul_segments): the prompt chunks of BLAS_MIN_ROWS rows or more, for
-a type without multi-row kernels, share each dequantized tile for their own BLAS products; the other
-chunks (every chunk, for the types with multi-row kernels) go through the row kernels in one call, each
+token; more with speculation, below) plus the next prompt chunk of the sequences still reading their
+prompts, oldest first, as many as fit in one chunk's rows (PREFILL_CHUNK) together (the first always
+runs). Each weight is read once per step for all of them (Backend.matmul_segments): the prompt chunks
+of BLAS_MIN_ROWS rows or more, for a type without multi-row kernels, share each dequantized tile for
+their own BLAS products; the other chunks (every chunk, for the types with multi-row kernels) go through the row kernels in one call, each
 row as the row kernels compute it alone. Each sequence samples from its own logits with its own Sampler
 (own seed, penalties), hands the token to its SequenceOutput (engine/sequence.py: the output path
 `generate` runs too: end of generation, logprobs, text, stop strings, limits), and its events go to the
@@ -18,6 +18,15 @@ kernels (Buffers.n_rowwise), and each prefill chunk is computed as if alone with
 `generate` (PREFILL_CHUNK from the first uncached position). So a greedy request returns the same
 tokens as `Model.generate` alone, whatever else runs with it, when its prompt found nothing in the
 prefix cache (a prefix hit changes where the prefill chunks start; see docs/server.md).
+
+Speculative decoding (Engine(speculation=...), `serve --lookup`): each decoding sequence may draft up
+to k tokens by prompt lookup (its own PromptLookup and DraftLength, localllm/speculative.py) and then
+runs 1 + k rows instead of one: its last token and its drafts, all in the leading row-wise rows
+(BatchLayout.n_rowwise counts every decoding row), so each is computed as a one-token step computes it
+(matmul_rows; its attention, under 32 rows, by the Numba kernel; recurrent layers one row at a time),
+with the logits of every one of them. Sampler.verify then keeps drafts or replaces the first refused
+one (Engine._verify), so greedy answers stay Model.generate's and sampled ones keep their distribution.
+A sequence never drafts past MAX_VERIFY_ROWS rows, its token budget or the context.
 
 Work that needs the model to itself and is no sequence (an embedding: Model.embed's forward pass on its
 own cache) is handed to the engine thread with `call`, and runs there between two steps: the model's
@@ -36,8 +45,10 @@ from typing import Optional
 import numpy as np
 
 from ..errors import ContextOverflow, LocalLLMError
+from ..model.decoder import MAX_VERIFY_ROWS
 from ..model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks
 from ..sampling import Sampler, SamplingConfig, SamplingError
+from ..speculative import DraftLength, PromptLookup, Speculation
 from .sequence import PREFILL_CHUNK, Event, SequenceOutput, Timings
 
 DEFAULT_CACHE_MB = 512
@@ -90,7 +101,7 @@ class Sequence:
     """Engine-thread state of one admitted request."""
 
     def __init__(self, handle: RequestHandle, tokenizer, n_vocab: int, blocks: SequenceBlocks, n_cached: int,
-                 n_ctx: int):
+                 n_ctx: int, speculation: Optional[Speculation] = None):
         req = handle.request
         self.handle = handle
         self.ids = list(req.prompt)  # prompt + generated tokens (the output path appends to it)
@@ -101,17 +112,29 @@ class Sequence:
         self.timings = Timings(prompt_tokens=self.n_prompt, cached_tokens=n_cached)
         self.out = SequenceOutput(tokenizer, self.ids, max_tokens=req.max_tokens, n_ctx=n_ctx, timings=self.timings,
                                   stop=req.stop, top_logprobs=req.top_logprobs, special=req.sampling.special_tokens)
+        # speculation: its own prompt lookup and draft length; `drafts`, the tokens drafted for this step
+        self.lookup = PromptLookup(speculation.ngram_min, speculation.ngram_max) if speculation else None
+        self.length = DraftLength(speculation.max_draft) if speculation else None
+        self.drafts: list = []
 
     @property
     def decoding(self) -> bool:
-        return self.n_past == len(self.ids) - 1 and len(self.ids) > self.n_prompt
+        """Its prompt has run and it has sampled: its rows are ids[n_past:] (the last sampled token, after
+        the kept rows a recurrent rollback runs again: Engine._verify), then its drafts."""
+        return len(self.ids) > self.n_prompt
 
 
 class Engine:
     def __init__(self, model, parallel: int = 4, cache_mb: float = DEFAULT_CACHE_MB, block_size: int = DEFAULT_BLOCK_SIZE,
-                 max_queue: int = 64, prefill_chunk: int = PREFILL_CHUNK):
+                 max_queue: int = 64, prefill_chunk: int = PREFILL_CHUNK, speculation: Optional[Speculation] = None):
+        """speculation: each decoding sequence drafts by prompt lookup (Speculation.lookup; None or lookup
+        off: no speculation). Draft models are not supported here: they would need a second model and
+        its own batched cache."""
         if parallel < 1:
             raise LocalLLMError(f"parallel must be >= 1 (got {parallel})")
+        if speculation is not None and speculation.draft is not None:
+            raise LocalLLMError("the batching engine drafts by prompt lookup only, not with a draft model")
+        self.speculation = speculation if speculation is not None and speculation.lookup else None
         self.model = model
         self.decoder = model.decoder
         self.tokenizer = model.tokenizer
@@ -312,7 +335,8 @@ class Engine:
                 blocks.state_slot = self.states.take()
             blocks.reserved = total - len(blocks.table)
             self.pool.reserve(blocks.reserved)
-            seq = Sequence(handle, self.tokenizer, self.decoder.hp.n_vocab, blocks, n_cached, self.seq_ctx)
+            seq = Sequence(handle, self.tokenizer, self.decoder.hp.n_vocab, blocks, n_cached, self.seq_ctx,
+                           self.speculation)
             self.stats.admitted(len(prompt), n_cached)
             self._active.append(seq)
 
@@ -327,29 +351,112 @@ class Engine:
     def _step(self) -> None:
         decoding = [s for s in self._active if s.decoding]
         prefilling = [s for s in self._active if not s.decoding]
-        entries = [(s.blocks, s.ids[s.n_past :], s.n_past) for s in decoding]
+        for seq in decoding:
+            seq.drafts = self._draft(seq)
+        entries = [(s.blocks, s.ids[s.n_past :] + s.drafts, s.n_past) for s in decoding]
+        n_rowwise = sum(len(chunk) for _, chunk, _ in entries)  # every decoding row, as a T=1 step computes it
+        n_out = [len(s.drafts) + 1 for s in decoding]  # logits rows per sequence: its last token's, its drafts'
         runs = list(decoding)
         budget = self.prefill_chunk
         for seq in prefilling:  # prompt chunks, oldest request first, while they fit in one chunk's rows
             end = min(seq.n_past + self.prefill_chunk, seq.n_prompt)
+            if self.states is not None and seq.n_past < seq.n_prompt - 1:
+                end = min(end, seq.n_prompt - 1)  # recurrent layers: the last token alone, as `prefill` runs it
             if runs[len(decoding):] and end - seq.n_past > budget:
                 break
             budget -= end - seq.n_past
             entries.append((seq.blocks, seq.ids[seq.n_past : end], seq.n_past))
+            n_out.append(int(end == seq.n_prompt))  # the prompt's last row gives the first token
             runs.append(seq)
         for (blocks, chunk, start) in entries:
             blocks.ensure(self.pool, start + len(chunk))
-        layout = self.layouts.build(entries, n_rowwise=len(decoding))
-        sampled = [i for i, s in enumerate(runs) if s.n_past + len(entries[i][1]) == len(s.ids)]
-        logit_rows = layout.seq_first[sampled] + layout.seq_rows[sampled] - 1
+        layout = self.layouts.build(entries, n_rowwise=n_rowwise)
+        logit_rows = self._logit_rows(layout, n_out)
+        for seq in decoding:  # recurrent layers: the state before the step, should a draft be refused
+            if seq.drafts and self.states is not None:
+                self.states.save(seq.blocks.state_slot)
         t0 = time.perf_counter()
         logits = self.decoder.forward_batch(self.cache, layout, logit_rows)
         self.stats.step(time.perf_counter() - t0, len(layout.tokens))
+        first = 0  # the sequence's first row of logits
         for i, seq in enumerate(runs):
+            rows = logits[first : first + n_out[i]]
+            first += n_out[i]
+            if i < len(decoding):
+                self._verify(seq, rows)
+                continue
             seq.n_past += len(entries[i][1])
             seq.blocks.publish(self.pool, seq.ids, seq.n_past)
-        for row, i in enumerate(sampled):
-            self._sample(runs[i], logits[row])
+            if n_out[i]:
+                self._sample(seq, rows[0])
+
+    @staticmethod
+    def _logit_rows(layout, n_out: list) -> np.ndarray:
+        """int32[sum(n_out)]: the last n_out[s] rows of each sequence s, in row order."""
+        ends = layout.seq_first + layout.seq_rows
+        return np.array([r for end, n in zip(ends.tolist(), n_out) for r in range(end - n, end)], dtype=np.int32)
+
+    def _draft(self, seq: Sequence) -> list:
+        """The tokens seq drafts for this step (none without speculation): at most its DraftLength, as many
+        as leave the context and its token budget room for the token after them (speculative_steps'
+        bounds, which also keep every position inside the blocks it reserved), and no more than make its
+        rows MAX_VERIFY_ROWS (below the batch thresholds of attention and matmul)."""
+        if seq.lookup is None:
+            return []
+        out, position = seq.out, len(seq.ids) - 1  # where the last sampled token goes
+        k = min(seq.length.k, self.seq_ctx - position - 2, MAX_VERIFY_ROWS - (len(seq.ids) - seq.n_past))
+        if out.max_tokens is not None:
+            k = min(k, out.max_tokens - out.generated - 1)
+        if k <= 0:
+            return []
+        drafts, _ = seq.lookup.propose(seq.ids, k)  # a lookup's drafts are chosen without chance: no q
+        return drafts[:k]
+
+    def _verify(self, seq: Sequence, logits: np.ndarray) -> None:
+        """A decoding sequence's step: logits [1 + len(drafts), vocab], the rows of its last sampled token
+        and of its drafts. Row by row the acceptance rule (Sampler.verify) keeps the draft or emits its
+        own token and ends; a row after every draft kept gives one more token (speculative_steps' loop).
+
+        Refused drafts' K and V sit past the kept positions, and the next step writes over them. Recurrent
+        layers cannot be cut back: after a refusal the slot goes back to its state before this step
+        (saved in _step) and n_past with it, so the next step runs this step's kept rows again, in its
+        own rows before its new ones (no forward pass of its own; each row again as a T=1 step computes
+        it, so exact). Those rows count in the next step's MAX_VERIFY_ROWS (_draft)."""
+        out, drafts, start = seq.out, seq.drafts, seq.n_past
+        position = len(seq.ids) - 1  # the first logits row's token's position
+        kept = accepted = emitted = 0
+        try:
+            for i in range(len(drafts) + 1):
+                if i < len(drafts):
+                    token, hit = seq.sampler.verify(logits[i], seq.ids, drafts[i])
+                else:
+                    token, hit = seq.sampler.sample(logits[i], seq.ids), False
+                event = out.accept(token, logits[i], position + 1 + i)
+                emitted += 1
+                if event is not None:
+                    seq.handle.push(event)
+                accepted += hit
+                if not hit or out.finish is not None:
+                    break
+                kept += 1  # the draft's row ran: its K and V (and state) are this sequence's
+        except SamplingError as exc:  # this request's settings leave no token (e.g. its grammar): it alone fails
+            seq.handle.push(Event("error", text=str(exc)))
+            self._finish(seq)
+            return
+        finally:
+            self.stats.generated(emitted)
+        seq.n_past = position + 1 + kept
+        if drafts:
+            seq.timings.draft_tokens += len(drafts)
+            seq.timings.draft_accepted += accepted
+            self.stats.drafted(len(drafts), accepted)
+            seq.length.update(len(drafts), kept)
+            if kept < len(drafts) and self.states is not None and out.finish is None:
+                self.states.restore(seq.blocks.state_slot)
+                seq.n_past = start
+        seq.blocks.publish(self.pool, seq.ids, seq.n_past)
+        if out.finish is not None:
+            self._done(seq)
 
     def _sample(self, seq: Sequence, logits: np.ndarray) -> None:
         """Sample seq's next token and deliver what it produces (engine/sequence.py decides)."""
@@ -419,6 +526,8 @@ class EngineStats:
         self.generated_tokens = 0
         self.steps = 0
         self.step_rows = 0
+        self.draft_tokens = 0  # speculation: tokens drafted, and those the model kept
+        self.draft_accepted = 0
         self.forward_seconds = 0.0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens generated) for the rate
 
@@ -431,6 +540,10 @@ class EngineStats:
         self.steps += 1
         self.step_rows += rows
         self.forward_seconds += seconds
+
+    def drafted(self, drafts: int, accepted: int) -> None:
+        self.draft_tokens += drafts
+        self.draft_accepted += accepted
 
     def generated(self, n: int) -> None:
         self.generated_tokens += n

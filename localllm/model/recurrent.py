@@ -60,6 +60,7 @@ class RecurrentSlots:
         self.layers = {il: tuple(ops.alloc((n_slots, *shape)) for shape in spec.shapes)
                        for il, spec in enumerate(layout) if isinstance(spec, LayerState)}
         self.free = list(range(n_slots))
+        self.saved: dict | None = None  # save(): a copy of every buffer, per slot (made at the first save)
 
     def take(self) -> int:
         """A free slot, its buffers zeroed (a sequence's start)."""
@@ -75,6 +76,22 @@ class RecurrentSlots:
     def of(self, il: int, slot: int) -> tuple:
         """Layer il's buffers of the sequence in `slot`."""
         return tuple(buffer[slot] for buffer in self.layers[il])
+
+    def save(self, slot: int) -> None:
+        """Copy slot's buffers aside, to come back to with restore(slot): a speculative step (the engine's)
+        whose draft may be refused in part. The copies double the slots' memory; they are made at the
+        first save, so a server that does not speculate never holds them."""
+        if self.saved is None:
+            self.saved = {il: tuple(self.ops.alloc(b.shape) for b in buffers) for il, buffers in self.layers.items()}
+        for il, buffers in self.layers.items():
+            for a, b in zip(buffers, self.saved[il]):
+                self.ops.scale(a[slot], 1.0, b[slot])  # an exact copy on every backend (x * 1.0 == x)
+
+    def restore(self, slot: int) -> None:
+        """slot's buffers as the last save(slot) left them."""
+        for il, buffers in self.layers.items():
+            for a, b in zip(self.saved[il], buffers):
+                self.ops.scale(a[slot], 1.0, b[slot])
 
 
 class RecurrentStates:

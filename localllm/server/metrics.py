@@ -23,6 +23,8 @@ def render_metrics(engine) -> str:
             round(s.tokens_per_second(), 3))
     _metric(lines, "steps_total", "counter", "Batched forward passes.", s.steps)
     _metric(lines, "step_rows_total", "counter", "Token rows computed by those passes.", s.step_rows)
+    _metric(lines, "draft_tokens_total", "counter", "Tokens drafted by speculative decoding (prompt lookup).", s.draft_tokens)
+    _metric(lines, "draft_tokens_accepted_total", "counter", "Drafted tokens the model kept.", s.draft_accepted)
     _metric(lines, "queue_length", "gauge", "Requests waiting for a slot.", engine.queue_length)
     _metric(lines, "active_sequences", "gauge", "Sequences in the running batch.", engine.n_active)
     _metric(lines, "kv_blocks_total", "gauge", "KV cache blocks in the pool.", pool.n_blocks)

@@ -27,6 +27,8 @@ class ServeOptions:
     max_queue: int = 64
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     threads: Optional[int] = None
+    lookup: bool = False  # speculative decoding by prompt lookup in every sequence (Engine's speculation)
+    draft_max: int = 8  # the most tokens a sequence drafts per step (1..speculative.MAX_DRAFT)
     warm_up: bool = True  # prepare the kernels on the engine's thread before listening (Engine.warm_up)
     access_log: Optional[Callable[[str], None]] = None  # called with one line per request (access_log.py)
 
@@ -80,8 +82,11 @@ def served_names(model, name: Optional[str]) -> list:
 
 def build_app(model, options: ServeOptions, model_id: Optional[str] = None):
     """The ASGI app and its (not yet started) engine for a loaded model."""
+    from ..speculative import Speculation
+
+    speculation = Speculation(lookup=True, max_draft=options.draft_max) if options.lookup else None
     engine = Engine(model, parallel=options.parallel, cache_mb=options.cache_mb, block_size=options.block_size,
-                    max_queue=options.max_queue)
+                    max_queue=options.max_queue, speculation=speculation)
     names = served_names(model, model_id)
     config = ServerConfig(names[0], api_key=options.api_key, max_body_bytes=options.max_body_bytes,
                           aliases=tuple(names[1:]), access_log=options.access_log)

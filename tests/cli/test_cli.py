@@ -296,3 +296,20 @@ def test_run_bad_grammar_or_schema_is_one_line_and_exit_2(capsys, tmp_path, tiny
         value = str(tmp_path / "bad.gbnf")
     code, out, err = run_cli(capsys, "run", tiny_llama, "hi", flag, value)
     assert code == 2 and message in err and err.count("\n") == 1 and out == ""
+
+
+@pytest.mark.parametrize("flags,lookup,draft_max", [((), False, 8), (("--lookup", "--draft-max", "5"), True, 5),
+                                                    (("--no-lookup",), False, 8)])
+def test_serve_passes_the_speculation_options_to_the_server(capsys, monkeypatch, flags, lookup, draft_max):
+    import localllm.server
+
+    seen = []
+    monkeypatch.setattr(localllm.server, "serve", lambda model, options, **kw: seen.append(options))
+    code, _, err = run_cli(capsys, "serve", "--port", "0", *flags)
+    assert code == 0, err
+    assert [(o.lookup, o.draft_max) for o in seen] == [(lookup, draft_max)]
+
+
+def test_serve_refuses_a_draft_length_out_of_range(capsys):
+    code, _, err = run_cli(capsys, "serve", "--draft-max", "17")
+    assert code != 0 and "--draft-max" in err
