@@ -370,7 +370,7 @@ class Model:
             stop=stops,
             top_logprobs=top_logprobs,
             drafters=drafters,
-            max_draft=speculation.max_draft if drafters else 8,
+            draft_length=speculation.draft_length(self) if drafters else None,
         )
 
 

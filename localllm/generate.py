@@ -76,15 +76,15 @@ def generate_tokens(
     stop: Optional[list[str]] = None,
     top_logprobs: Optional[int] = None,
     drafters: Optional[list] = None,
-    max_draft: int = 8,
+    draft_length=None,
 ) -> Iterator[Event]:
     """Yield a token event per generated token, then one 'done' event with timings (what each token
     produces and when generation ends: engine/sequence.py, shared with the batching engine).
 
     top_logprobs None: no log-probabilities (they cost a softmax over the vocabulary per step);
     0: the chosen token's; n: also the n most likely tokens'. drafters: speculative decoding's
-    (localllm/speculative.py), asked in order for up to max_draft tokens a step; the tokens are the
-    same (greedy) or identically distributed (sampling) as without them."""
+    (localllm/speculative.py), asked in order for the tokens draft_length (a DraftLength) chooses; the
+    tokens are the same (greedy) or identically distributed (sampling) as without them."""
     timings = Timings(prompt_tokens=len(prompt))
     t0 = time.perf_counter()
     logits, timings.cached_tokens = prefill(decoder, session, prompt, n_ctx)
@@ -96,7 +96,7 @@ def generate_tokens(
 
         stats = SpeculationStats()
         try:
-            yield from speculative_steps(decoder, session, out, sampler, drafters, logits, max_draft, stats)
+            yield from speculative_steps(decoder, session, out, sampler, drafters, logits, draft_length, stats)
         finally:
             timings.draft_tokens, timings.draft_accepted = stats.drafted, stats.accepted
             for drafter in drafters:

@@ -17,7 +17,9 @@ over them before anything reads them. Recurrent layers cannot be cut back, so a 
 its draft restores their state as it was before the step (KVCache.save_state) and runs the kept tokens
 again.
 
-DraftLength adapts k: it grows while drafts are kept whole and falls to what was kept after a refusal.
+DraftLength chooses k from the drafts' recent acceptance and what a drafted token costs: long drafts
+while they are kept, none while a drafter's guesses are mostly refused (so prompt lookup costs little
+where the answer repeats nothing).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ from .model.decoder import MAX_VERIFY_ROWS
 
 # The most tokens one step drafts (Decoder.verify takes one row more).
 MAX_DRAFT = 16
+# What one more verified row costs, in decode steps (DraftLength's model): measured with
+# scripts/bench_speculative.py --costs, verify of k + 1 rows against one decode step, 2 threads: Gemma 3
+# 270M 0.17-0.20 per row (its 262k-token output projection is most of it), the Llama-3-8B-shaped file
+# 0.15-0.18; the server's steps 0.16-0.2 (docs/performance.md).
+ROW_COST = 0.2
 # A draft model stops drafting when its most likely next token has less than this probability (at
 # temperature 1): a guess it is unsure of is mostly refused, and each refused row costs a row of
 # verification. (llama.cpp's --draft-p-min defaults to 0.75 in its server; 0.5 here, measured below.)
@@ -66,28 +73,66 @@ class SpeculationStats:
 
 
 class DraftLength:
-    """How many tokens to draft next: starts at `initial`, grows by 2 after a step that kept its whole
-    draft (up to `maximum`), and falls to one more than the tokens kept after a refusal."""
+    """How many tokens to draft next.
 
-    def __init__(self, maximum: int, initial: int = 4):
+    The length follows the last steps: it starts at 2, grows by 2 after a draft kept whole (up to
+    `maximum`) and falls to one more than the tokens kept after a refusal. A drafter copying a passage
+    is kept whole step after step, and one that starts missing (the answer stops repeating its input)
+    falls back at once.
+
+    Drafting stops while it does not pay: a drafted token costs `token_cost` decode steps (its verified
+    row, plus the draft model's step for a draft model) and gains a token with probability a, its recent
+    acceptance, so a one-token draft beats plain decoding only when a > token_cost (longer drafts need
+    more). a is kept / (kept + refusals) over exponentially decaying counts (DECAY per drafting step),
+    from a prior of one half; a step that drafts nothing for that reason moves the counts back toward
+    the prior (IDLE_DRIFT), so drafting is tried again now and then."""
+
+    PRIOR = 2.0  # kept and refused counts at the start: a = 0.5, worth a couple of steps of evidence
+    DECAY = 0.7  # per drafting step: the last few steps weigh most
+    IDLE_DRIFT = 0.1  # per step without a draft, the share of the way back to the prior
+
+    def __init__(self, maximum: int, token_cost: Optional[float] = None):
         self.maximum = maximum
-        self.k = min(initial, maximum)
+        self.token_cost = ROW_COST if token_cost is None else token_cost
+        self.kept = self.refused = self.PRIOR
+        self.cap = min(2, maximum)
+        self.k = self._choose()
+
+    @property
+    def acceptance(self) -> float:
+        return self.kept / (self.kept + self.refused)
 
     def update(self, drafted: int, accepted: int) -> None:
+        """A step drafted `drafted` tokens and the model kept the first `accepted` of them."""
         if drafted == 0:
             return
-        self.k = min(self.maximum, self.k + 2) if accepted == drafted else max(1, min(self.maximum, accepted + 1))
+        whole = accepted == drafted
+        self.kept = self.kept * self.DECAY + accepted
+        self.refused = self.refused * self.DECAY + (0.0 if whole else 1.0)
+        self.cap = min(self.maximum, self.cap + 2) if whole else max(1, min(self.maximum, accepted + 1))
+        self.k = self._choose()
+
+    def idle(self) -> None:
+        """A step that drafted nothing because k was 0."""
+        self.kept += self.IDLE_DRIFT * (self.PRIOR - self.kept)
+        self.refused += self.IDLE_DRIFT * (self.PRIOR - self.refused)
+        self.k = self._choose()
+
+    def _choose(self) -> int:
+        return self.cap if self.acceptance > self.token_cost else 0
 
 
 class PromptLookup:
     """Drafts copied from the context (prompt lookup decoding): the tokens that followed the latest
     earlier occurrence of the context's last n tokens, the longest n from n_max down to n_min that
-    occurs. What pays on editing, summarising and code, where the answer repeats its input.
+    occurs. What pays on editing, summarising and code, where the answer repeats its input. n_min 3:
+    drafts after a two-token match were mostly refused (Gemma 3 270M, eight short chats: 14 of 66 kept;
+    an editing task: 4 of 10, against 128 of 161 after four-token matches).
 
     The n-grams of the history are indexed as it grows (a dict per n: n-gram -> where it last began),
     so each step costs a few dictionary lookups whatever the context's length."""
 
-    def __init__(self, n_min: int = 2, n_max: int = 4):
+    def __init__(self, n_min: int = 3, n_max: int = 4):
         self.n_min, self.n_max = n_min, n_max
         self.index: dict[int, dict] = {n: {} for n in range(n_min, n_max + 1)}
         self.indexed = 0  # n-grams ending before this position are indexed
@@ -224,9 +269,12 @@ class Speculation:
     draft: object = None  # a loaded Model (localllm.load) sharing the target's vocabulary
     drafter: object = None  # any other drafter (propose(history, k) -> (tokens, probs or None); close()), asked first
     max_draft: int = 8
-    ngram_min: int = 2
+    ngram_min: int = 3
     ngram_max: int = 4
     draft_p_min: float = DRAFT_P_MIN  # the draft model stops below this top-token probability
+    # a drafted token's cost in decode steps (DraftLength); None: ROW_COST, plus for a draft model the
+    # draft's bytes over the target's (each of its steps reads its weights once). 0: always max_draft.
+    token_cost: Optional[float] = None
     _drafter: Optional[tuple] = field(default=None, repr=False, compare=False)  # (target, DraftModel)
 
     def __post_init__(self):
@@ -250,6 +298,15 @@ class Speculation:
             found[-1].use_sampling(sampling)
         return found
 
+    def draft_length(self, target) -> DraftLength:
+        """A generation's DraftLength (k starts from the prior, adapts to this generation's drafts)."""
+        cost = self.token_cost
+        if cost is None:
+            cost = ROW_COST
+            if self.draft is not None:
+                cost += self.draft.reader.file_size / target.reader.file_size
+        return DraftLength(self.max_draft, cost)
+
     def draft_model(self, target) -> DraftModel:
         """The DraftModel drafting for `target` (IncompatibleDraft if its vocabulary is not target's)."""
         kept = self._drafter
@@ -262,10 +319,10 @@ class Speculation:
 assert MAX_DRAFT + 1 <= MAX_VERIFY_ROWS
 
 
-def speculative_steps(decoder, session, out, sampler, drafters, first_logits, max_draft: int, stats: SpeculationStats):
+def speculative_steps(decoder, session, out, sampler, drafters, first_logits, length: DraftLength, stats: SpeculationStats):
     """The decode loop of `generate_tokens` with speculation: yields the token events. `out`: the
-    SequenceOutput (engine/sequence.py), its history `out.ids`; first_logits: the prompt's last row."""
-    length = DraftLength(max_draft)
+    SequenceOutput (engine/sequence.py), its history `out.ids`; first_logits: the prompt's last row;
+    length: the generation's DraftLength (Speculation.draft_length)."""
     token = sampler.sample(first_logits, out.ids)
     event = out.accept(token, first_logits, len(session.tokens))
     if event is not None:
@@ -277,6 +334,8 @@ def speculative_steps(decoder, session, out, sampler, drafters, first_logits, ma
         room = n_ctx - position - 2  # drafts whose position and next leave the context unfilled
         budget = None if out.max_tokens is None else out.max_tokens - out.generated - 1
         k = max(0, min(length.k, room, budget if budget is not None else length.k))
+        if length.k == 0:
+            length.idle()
         drafts, probs = _propose(drafters, out.ids, k)
         n = len(drafts) + 1
         rows[0] = token

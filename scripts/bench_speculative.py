@@ -79,8 +79,10 @@ def main(argv=None):
 if __name__ == "__main__":
     sys.exit(main())
 '''
-EDIT_PROMPT = ("Original code:\n```python\n" + CODE + "```\n\n"
-               "The same code, with the function parse_args renamed to read_arguments:\n```python\n")
+# The framing the 270M base model copies most faithfully of those tried (the answer is 63% similar to the
+# file before it stops; "Original code: ... The same code, with ...": 18%, looping on argparse lines).
+EDIT_PROMPT = ("Before:\n```python\n" + CODE + "```\n\n"
+               "After (parse_args renamed to read_arguments, nothing else changed):\n```python\n")
 
 
 def generate(model, ids, n, spec):

@@ -64,8 +64,9 @@ def test_lookup_greedy_is_plain_decoding_on_gemma(gemma):
 def test_draft_model_greedy_is_plain_decoding_and_drafting_for_itself_keeps_all(gemma, gemma_draft):
     prompt = "The capital of France is"
     plain, _, _ = _run(gemma, prompt, max_tokens=40, temperature=0, session=gemma.new_session())
-    spec, _, done = _run(gemma, prompt, Speculation(lookup=False, draft=gemma_draft, max_draft=4), max_tokens=40,
-                         temperature=0, session=gemma.new_session())
+    # token_cost 0: draft the maximum whatever it costs (the same model drafting never pays: DraftLength)
+    spec, _, done = _run(gemma, prompt, Speculation(lookup=False, draft=gemma_draft, max_draft=4, token_cost=0.0),
+                         max_tokens=40, temperature=0, session=gemma.new_session())
     assert spec == plain
     t = done.timings
     # the same weights draft what the model decodes: every draft is kept (drafting stops only where the
@@ -143,7 +144,8 @@ def test_greedy_is_plain_decoding_on_every_kind_of_layer(arch, tiny_dir):
     prompt = _tiny_prompt(n_vocab)
     answer, _, _ = _run(model, prompt, max_tokens=40, temperature=0, session=model.new_session())
     replay = Speculation(lookup=False, drafter=FaultyReplay(len(prompt), answer, 5, n_vocab), max_draft=6)
-    for spec in (Speculation(max_draft=5), Speculation(lookup=False, draft=draft, max_draft=3, draft_p_min=0.0), replay):
+    for spec in (Speculation(max_draft=5), Speculation(lookup=False, draft=draft, max_draft=3, draft_p_min=0.0, token_cost=0.0),
+                 replay):
         plain_session, spec_session = model.new_session(), model.new_session()
         plain, _, _ = _run(model, prompt, max_tokens=40, temperature=0, session=plain_session)
         got, _, done = _run(model, prompt, spec, max_tokens=40, temperature=0, session=spec_session)
@@ -275,7 +277,7 @@ def test_speculative_sampling_keeps_the_models_distribution_over_three_tokens(ti
         exact[tuple(ids[len(prompt):])] = prob
     keys = list(exact)
     assert abs(sum(exact.values()) - 1) < 1e-9
-    spec = Speculation(lookup=True, draft=draft, max_draft=2, draft_p_min=0.0)
+    spec = Speculation(lookup=True, draft=draft, max_draft=2, draft_p_min=0.0, token_cost=0.0)
     counts = np.zeros(len(keys), dtype=np.int64)
     drafted = kept = 0
     session = model.new_session()
@@ -301,17 +303,30 @@ def test_prompt_lookup_copies_what_followed_the_latest_longest_match():
     assert PromptLookup(2, 3).propose([5, 6, 5, 6], 4) == ([5, 6], None)  # a copy runs up to the history's end
 
 
-def test_the_draft_length_grows_with_whole_drafts_and_falls_after_refusals():
-    length = DraftLength(maximum=8, initial=4)
+def test_the_draft_length_follows_the_drafts_and_stops_where_they_do_not_pay():
+    length = DraftLength(maximum=8, token_cost=0.2)
+    assert length.acceptance == 0.5 and length.k == 2
+    length.update(2, 2)
+    assert length.k == 4  # kept whole: two more
     length.update(4, 4)
-    assert length.k == 6
     length.update(6, 6)
     length.update(8, 8)
-    assert length.k == 8
+    assert length.k == 8  # up to the maximum
     length.update(8, 2)
-    assert length.k == 3
-    length.update(3, 0)
-    assert length.k == 1
+    assert length.k == 3  # a refusal after two kept: one more than those
+    for _ in range(8):  # refused at once, again and again: acceptance under the token's cost, no drafts
+        length.update(max(length.k, 1), 0)
+    assert length.acceptance < 0.2 and length.k == 0
+    idle = 0
+    while length.k == 0:  # steps without drafts bring the estimate back toward the prior: a draft is tried again
+        length.idle()
+        idle += 1
+    assert 1 <= idle <= 20 and length.k == 1
+    # a draft model as large as the model (each drafted token costs more than a step): never
+    costly = DraftLength(maximum=5, token_cost=1.2)
+    for _ in range(20):
+        costly.update(5, 5)
+    assert costly.acceptance > 0.95 and costly.k == 0
 
 
 def test_a_draft_with_another_vocabulary_is_refused_in_one_line(gemma, tiny_dir):

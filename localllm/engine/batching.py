@@ -114,7 +114,7 @@ class Sequence:
                                   stop=req.stop, top_logprobs=req.top_logprobs, special=req.sampling.special_tokens)
         # speculation: its own prompt lookup and draft length; `drafts`, the tokens drafted for this step
         self.lookup = PromptLookup(speculation.ngram_min, speculation.ngram_max) if speculation else None
-        self.length = DraftLength(speculation.max_draft) if speculation else None
+        self.length = DraftLength(speculation.max_draft, speculation.token_cost) if speculation else None
         self.drafts: list = []
 
     @property
@@ -404,6 +404,9 @@ class Engine:
         if seq.lookup is None:
             return []
         out, position = seq.out, len(seq.ids) - 1  # where the last sampled token goes
+        if seq.length.k == 0:  # drafts have been mostly refused: none this step (DraftLength)
+            seq.length.idle()
+            return []
         k = min(seq.length.k, self.seq_ctx - position - 2, MAX_VERIFY_ROWS - (len(seq.ids) - seq.n_past))
         if out.max_tokens is not None:
             k = min(k, out.max_tokens - out.generated - 1)

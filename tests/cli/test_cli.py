@@ -11,7 +11,7 @@ import pytest
 
 from localllm.cli.app import main
 
-from tiny_models import TINY_ARCHS, write_tiny_model
+from tiny_models import TINY_ARCHS, Dims, write_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -218,9 +218,11 @@ def test_speculation_options_out_of_range_or_incompatible_are_one_line(capsys, t
     assert err.count("\n") == 1 and out == ""
 
 
-def test_run_with_a_draft_model_prints_plain_decodings_tokens(capsys, tiny_llama, tmp_path):
-    draft = write_tiny_model(tmp_path / "draft.gguf", "gemma3", "Q8_0", seed=4)
-    args = ("run", tiny_llama, "▁ab▁cd▁ab▁cd", "-n", "16", "--temperature", "0", "--json")
+def test_run_with_a_draft_model_prints_plain_decodings_tokens(capsys, tmp_path):
+    # a draft a seventh of the model's size: drafting pays from the start (speculative.DraftLength)
+    model = write_tiny_model(tmp_path / "model.gguf", "llama", "Q8_0", seed=3, dims=Dims(n_layer=8, n_ff=512))
+    draft = write_tiny_model(tmp_path / "draft.gguf", "gemma3", "Q8_0", seed=4, dims=Dims(n_layer=1))
+    args = ("run", model, "▁ab▁cd▁ab▁cd", "-n", "16", "--temperature", "0", "--json")
     code, out, err = run_cli(capsys, *args, "--no-lookup")
     assert code == 0, err
     plain = json.loads(out)
