@@ -29,6 +29,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import localllm  # noqa: E402
+
+ACCEPTANCE = 0.0
+ANSWER: list = []
 from localllm.speculative import Replay, Speculation  # noqa: E402
 
 # The editing task's file: ~400 tokens of ordinary Python.
@@ -97,22 +100,29 @@ def generate(model, ids, n, spec):
 
 
 def paired_rounds(model, ids, n, make_spec, rounds):
+    """The per-round ratios; also sets ACCEPTANCE, the last round's drafts kept / drafted, and ANSWER,
+    the plain run's tokens (step_costs runs them)."""
+    global ACCEPTANCE, ANSWER
     ratios = []
     for r in range(rounds):
         plain, tp = generate(model, ids, n, None)
+        ANSWER = plain
         spec = make_spec(plain)
         got, ts = generate(model, ids, n, spec)
         assert got == plain, "speculative greedy output differs from plain decoding"
         ratio = ts.generation_tps / tp.generation_tps
         ratios.append(ratio)
+        ACCEPTANCE = ts.draft_accepted / ts.draft_tokens if ts.draft_tokens else 0.0
         print(f"round {r + 1}: plain {tp.generation_tps:.2f} tok/s, speculative {ts.generation_tps:.2f} tok/s, "
               f"ratio {ratio:.2f}; {len(got)} tokens, drafts {ts.draft_accepted}/{ts.draft_tokens} accepted", flush=True)
     print(f"ratio median {statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}] over {rounds} rounds")
     return ratios
 
 
-def step_costs(model, k, reps=10, draft=None):
-    """Median ms of one decode step, of verifying k + 1 rows, and of the draft model's decode step."""
+def step_costs(model, ids, answer, k, reps=10, draft=None):
+    """Median ms of one decode step, of verifying k + 1 rows, and of the draft model's decode step, after
+    the prompt `ids`, on the tokens of its plain answer (the activations of the runs measured above:
+    with random weights, some made-up tokens' products ran twice as long)."""
     def timed(decoder, rows, start, cache, verify):
         times = []
         for _ in range(reps):
@@ -121,15 +131,16 @@ def step_costs(model, k, reps=10, draft=None):
             times.append(time.perf_counter() - t)
         return 1000 * statistics.median(times)
 
+    prompt, rows = np.array(ids, np.int32), np.array(answer[: k + 1], np.int32)
     session = model.new_session()
-    model.decoder.forward(np.arange(64, dtype=np.int32) + 10, 0, session.cache)
-    one = timed(model.decoder, np.array([11], np.int32), 64, session.cache, False)
-    many = timed(model.decoder, np.arange(k + 1, dtype=np.int32) + 11, 64, session.cache, True)
+    model.decoder.forward(prompt, 0, session.cache)
+    one = timed(model.decoder, rows[:1], len(ids), session.cache, False)
+    many = timed(model.decoder, rows, len(ids), session.cache, True)
     small = None
     if draft is not None:
         ds = draft.new_session()
-        draft.decoder.forward(np.arange(64, dtype=np.int32) + 10, 0, ds.cache)
-        small = timed(draft.decoder, np.array([11], np.int32), 64, ds.cache, False)
+        draft.decoder.forward(prompt, 0, ds.cache)
+        small = timed(draft.decoder, rows[:1], len(ids), ds.cache, False)
     return one, many, small
 
 
@@ -164,16 +175,22 @@ def main() -> None:
         if draft is None:
             ap.error("mode draft needs --draft")
         ids, n, k = model.tokenize(EDIT_PROMPT), args.n or 128, args.k or 8
-        spec = Speculation(lookup=False, draft=draft, max_draft=k)
+        # token_cost 0: draft up to k every step, whatever the draft costs (DraftLength would stop a draft
+        # model about as large as the model: it cannot pay); what is measured is acceptance and step costs
+        spec = Speculation(lookup=False, draft=draft, max_draft=k, token_cost=0.0)
         paired_rounds(model, ids, n, lambda plain: spec, args.rounds)
     if args.costs:
         k = args.k or (4 if args.mode == "ceiling" else 8)
-        one, many, small = step_costs(model, k, draft=draft)
+        one, many, small = step_costs(model, ids, ANSWER, k, draft=draft)
         print(f"step costs: decode {one:.1f} ms, verify {k + 1} rows {many:.1f} ms ({many / one:.2f} steps)"
               + (f", draft step {small:.1f} ms ({small / one:.2f} steps)" if small else ""))
         drafting = k * small if small else 0.0
         print(f"all {k} drafts kept: {k + 1} tokens per {(many + drafting) / one:.2f} steps = "
               f"{(k + 1) * one / (many + drafting):.2f}x plain at most")
+        a = ACCEPTANCE
+        expected = 1 + sum(a**i for i in range(1, k + 1))  # each draft kept with probability a until a refusal
+        print(f"at the measured acceptance {a:.2f} (kept / drafted): {expected:.2f} tokens per step, "
+              f"{expected * one / (many + drafting):.2f}x plain predicted")
 
 
 if __name__ == "__main__":

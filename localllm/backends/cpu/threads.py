@@ -242,8 +242,17 @@ class DecodeThreads:
     def _start(self, rows: int) -> int:
         """The setting before any measurement: one thread for decode-sized steps (each op is short: a
         worker costs more than it brings unless the machine is quiet), all for larger ones (long
-        regions; a prefill on one thread by default would be twice as slow on a quiet machine)."""
-        return 1 if rows <= self.EXACT_MAX_ROWS else self.threads
+        regions; a prefill on one thread by default would be twice as slow on a quiet machine). A step
+        of 2..EXACT_MAX_ROWS rows (a speculative verification, a server step) starts on what one-row
+        steps chose once they have measured both settings (_inherits): its ops are the same, a little
+        longer."""
+        if rows <= self.EXACT_MAX_ROWS:
+            return self._sizes[1].best(self.threads) if self._inherits(rows) else 1
+        return self.threads
+
+    def _inherits(self, rows: int) -> bool:
+        decode = self._sizes.get(1)
+        return 1 < rows <= self.EXACT_MAX_ROWS and decode is not None and len(decode.average) == 2
 
     def begin(self, rows: int = 1) -> int:
         if self.threads == 1:
@@ -252,6 +261,8 @@ class DecodeThreads:
         stats = self._sizes.get(key)
         if stats is None:
             stats = self._sizes[key] = _StepStats(self.EXPLORE_EVERY, self._start(rows))
+            if self._inherits(rows):  # a setting already measured: its first try waits as a confirmed one's
+                stats.next_try = self.EXPLORE_EVERY
         self.current = stats.next_setting(self.threads, self.EXPLORE_EVERY, self.EXPLORE_MAX)
         started = time.perf_counter()
         self._running = (stats, self.current, started, rows)
