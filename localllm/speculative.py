@@ -36,12 +36,13 @@ from .model.decoder import MAX_VERIFY_ROWS
 MAX_DRAFT = 16
 # What one more verified row costs, in decode steps (DraftLength's model): measured with
 # scripts/bench_speculative.py --costs, verify of k + 1 rows against one decode step, 2 threads: Gemma 3
-# 270M 0.17-0.20 per row (its 262k-token output projection is most of it), the Llama-3-8B-shaped file
-# 0.15-0.18; the server's steps 0.16-0.2 (docs/performance.md).
+# 270M 0.17 per row (its 262k-token output projection is most of it), the Llama-3-8B-shaped file 0.14;
+# the server's steps 0.16-0.2 (docs/performance.md, docs/server.md).
 ROW_COST = 0.2
 # A draft model stops drafting when its most likely next token has less than this probability (at
 # temperature 1): a guess it is unsure of is mostly refused, and each refused row costs a row of
-# verification. (llama.cpp's --draft-p-min defaults to 0.75 in its server; 0.5 here, measured below.)
+# verification. (llama.cpp's --draft-p-min defaults to 0.75 in its server; 0.5 here, a guess at even
+# odds, not tuned: no draft pair with real weights of two sizes is at hand.)
 DRAFT_P_MIN = 0.5
 # Tokens whose text must agree for a draft model's vocabulary to be the target's: all of them, as
 # llama.cpp's common_speculative_are_compatible checks, from id 5 (the first few are often control
