@@ -164,8 +164,10 @@ class DraftModel:
     since the last step, then drafts up to k tokens one at a time, greedily when the target samples
     greedily, else drawn from its own distribution (given to the acceptance rule as q)."""
 
-    def __init__(self, model, target_tokenizer, target_vocab: int, p_min: float = DRAFT_P_MIN):
-        check_vocabularies(model.tokenizer, target_tokenizer, model.path)
+    def __init__(self, model, target_tokenizer, target_vocab: int, p_min: float = DRAFT_P_MIN, check: bool = True):
+        """check False: the vocabularies were checked already (the server makes one per sequence)."""
+        if check:
+            check_vocabularies(model.tokenizer, target_tokenizer, model.path)
         self.model = model
         self.session = model.new_session()  # kept across generations: a chat's next turn runs only what is new
         self.n_vocab = min(target_vocab, model.decoder.hp.n_vocab)
@@ -337,7 +339,7 @@ def speculative_steps(decoder, session, out, sampler, drafters, first_logits, le
         k = max(0, min(length.k, room, budget if budget is not None else length.k))
         if length.k == 0:
             length.idle()
-        drafts, probs = _propose(drafters, out.ids, k)
+        drafts, probs = propose(drafters, out.ids, k)
         n = len(drafts) + 1
         rows[0] = token
         rows[1:n] = drafts
@@ -371,7 +373,8 @@ def speculative_steps(decoder, session, out, sampler, drafters, first_logits, le
                 decoder.verify(rows[: kept + 1], position, cache)
 
 
-def _propose(drafters, history: list, k: int) -> tuple[list, Optional[list]]:
+def propose(drafters, history: list, k: int) -> tuple[list, Optional[list]]:
+    """The first drafter's that proposes anything: (at most k tokens, their q rows or None)."""
     if k <= 0:
         return [], None
     for drafter in drafters:

@@ -27,6 +27,9 @@ def serve(
                                 help="Speculative decoding by prompt lookup: each sequence drafts tokens copied from "
                                      "its context, checked in its step (the same answers; faster where they repeat "
                                      "their context, a little slower where they do not)."),
+    draft: Optional[str] = typer.Option(None, "--draft", show_default=False,
+                                        help="A small model with the same vocabulary: every sequence drafts tokens with it "
+                                             "(its own KV cache per sequence; the same answers)."),
     draft_max: int = typer.Option(8, "--draft-max", min=1, max=16, help="Tokens a sequence drafts per step at most."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No access log (one line per request on stderr)."),
 ) -> None:
@@ -41,7 +44,7 @@ def serve(
 
     options = ServeOptions(host=host, port=port, parallel=parallel, ctx=ctx, api_key=api_key, cache_mb=cache_mb,
                            max_queue=max_queue, threads=threads, access_log=None if quiet else _log_line,
-                           lookup=lookup, draft_max=draft_max)
+                           lookup=lookup, draft_max=draft_max, draft=draft)
 
     def ready(llm, engine, model_id, url) -> None:
         # url has the port actually bound (--port 0: the one the system chose)

@@ -19,9 +19,11 @@ kernels (Buffers.n_rowwise), and each prefill chunk is computed as if alone with
 tokens as `Model.generate` alone, whatever else runs with it, when its prompt found nothing in the
 prefix cache (a prefix hit changes where the prefill chunks start; see docs/server.md).
 
-Speculative decoding (Engine(speculation=...), `serve --lookup`): each decoding sequence may draft up
-to k tokens by prompt lookup (its own PromptLookup and DraftLength, localllm/speculative.py) and then
-runs 1 + k rows instead of one: its last token and its drafts, all in the leading row-wise rows
+Speculative decoding (Engine(speculation=...), `serve --lookup`, `serve --draft MODEL`): each decoding
+sequence may draft up to k tokens by prompt lookup and/or with a draft model (its own PromptLookup, its
+own session of the draft model, run one token at a time on this thread, and its own DraftLength;
+localllm/speculative.py) and then runs 1 + k rows instead of one: its last token and its drafts, all in
+the leading row-wise rows
 (BatchLayout.n_rowwise counts every decoding row), so each is computed as a one-token step computes it
 (matmul_rows; its attention, under 32 rows, by the Numba kernel; recurrent layers one row at a time),
 with the logits of every one of them. Sampler.verify then keeps drafts or replaces the first refused
@@ -48,7 +50,7 @@ from ..errors import ContextOverflow, LocalLLMError
 from ..model.decoder import MAX_VERIFY_ROWS
 from ..model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks
 from ..sampling import Sampler, SamplingConfig, SamplingError
-from ..speculative import DraftLength, PromptLookup, Speculation
+from ..speculative import DraftLength, DraftModel, PromptLookup, Speculation, propose
 from .sequence import PREFILL_CHUNK, Event, SequenceOutput, Timings
 
 DEFAULT_CACHE_MB = 512
@@ -101,7 +103,8 @@ class Sequence:
     """Engine-thread state of one admitted request."""
 
     def __init__(self, handle: RequestHandle, tokenizer, n_vocab: int, blocks: SequenceBlocks, n_cached: int,
-                 n_ctx: int, speculation: Optional[Speculation] = None):
+                 n_ctx: int, speculation: Optional[Speculation] = None, length: Optional[DraftLength] = None,
+                 draft_model=None):
         req = handle.request
         self.handle = handle
         self.ids = list(req.prompt)  # prompt + generated tokens (the output path appends to it)
@@ -112,10 +115,17 @@ class Sequence:
         self.timings = Timings(prompt_tokens=self.n_prompt, cached_tokens=n_cached)
         self.out = SequenceOutput(tokenizer, self.ids, max_tokens=req.max_tokens, n_ctx=n_ctx, timings=self.timings,
                                   stop=req.stop, top_logprobs=req.top_logprobs, special=req.sampling.special_tokens)
-        # speculation: its own prompt lookup and draft length; `drafts`, the tokens drafted for this step
-        self.lookup = PromptLookup(speculation.ngram_min, speculation.ngram_max) if speculation else None
-        self.length = DraftLength(speculation.max_draft, speculation.token_cost) if speculation else None
+        # speculation: its own drafters (prompt lookup, its draft model's session) and draft length;
+        # `drafts` and `probs`, the tokens drafted for this step and the draft model's distributions (q)
+        self.drafters = []
+        if speculation is not None and speculation.lookup:
+            self.drafters.append(PromptLookup(speculation.ngram_min, speculation.ngram_max))
+        if draft_model is not None:
+            draft_model.use_sampling(req.sampling)
+            self.drafters.append(draft_model)
+        self.length = length
         self.drafts: list = []
+        self.probs: Optional[list] = None
 
     @property
     def decoding(self) -> bool:
@@ -127,14 +137,16 @@ class Sequence:
 class Engine:
     def __init__(self, model, parallel: int = 4, cache_mb: float = DEFAULT_CACHE_MB, block_size: int = DEFAULT_BLOCK_SIZE,
                  max_queue: int = 64, prefill_chunk: int = PREFILL_CHUNK, speculation: Optional[Speculation] = None):
-        """speculation: each decoding sequence drafts by prompt lookup (Speculation.lookup; None or lookup
-        off: no speculation). Draft models are not supported here: they would need a second model and
-        its own batched cache."""
+        """speculation: each decoding sequence drafts by prompt lookup (Speculation.lookup) and/or with the
+        draft model (Speculation.draft: its vocabulary checked here; each sequence gets its own session of
+        it, a KV cache of the draft's context, and runs it one token at a time on this thread); None or
+        neither: no speculation."""
         if parallel < 1:
             raise LocalLLMError(f"parallel must be >= 1 (got {parallel})")
-        if speculation is not None and speculation.draft is not None:
-            raise LocalLLMError("the batching engine drafts by prompt lookup only, not with a draft model")
-        self.speculation = speculation if speculation is not None and speculation.lookup else None
+        active = speculation is not None and (speculation.lookup or speculation.draft is not None)
+        self.speculation = speculation if active else None
+        if self.speculation is not None and speculation.draft is not None:
+            speculation.draft_model(model)  # IncompatibleDraft now, not at the first request
         self.model = model
         self.decoder = model.decoder
         self.tokenizer = model.tokenizer
@@ -336,7 +348,7 @@ class Engine:
             blocks.reserved = total - len(blocks.table)
             self.pool.reserve(blocks.reserved)
             seq = Sequence(handle, self.tokenizer, self.decoder.hp.n_vocab, blocks, n_cached, self.seq_ctx,
-                           self.speculation)
+                           self.speculation, *self._speculation_parts())
             self.stats.admitted(len(prompt), n_cached)
             self._active.append(seq)
 
@@ -396,12 +408,23 @@ class Engine:
         ends = layout.seq_first + layout.seq_rows
         return np.array([r for end, n in zip(ends.tolist(), n_out) for r in range(end - n, end)], dtype=np.int32)
 
+    def _speculation_parts(self) -> tuple:
+        """(DraftLength, DraftModel or None) for a new sequence, (None, None) without speculation."""
+        spec = self.speculation
+        if spec is None:
+            return None, None
+        draft = None
+        if spec.draft is not None:
+            draft = DraftModel(spec.draft, self.tokenizer, self.decoder.hp.n_vocab, spec.draft_p_min, check=False)
+        return spec.draft_length(self.model), draft
+
     def _draft(self, seq: Sequence) -> list:
         """The tokens seq drafts for this step (none without speculation): at most its DraftLength, as many
         as leave the context and its token budget room for the token after them (speculative_steps'
         bounds, which also keep every position inside the blocks it reserved), and no more than make its
         rows MAX_VERIFY_ROWS (below the batch thresholds of attention and matmul)."""
-        if seq.lookup is None:
+        seq.probs = None
+        if not seq.drafters:
             return []
         out, position = seq.out, len(seq.ids) - 1  # where the last sampled token goes
         if seq.length.k == 0:  # drafts have been mostly refused: none this step (DraftLength)
@@ -412,8 +435,8 @@ class Engine:
             k = min(k, out.max_tokens - out.generated - 1)
         if k <= 0:
             return []
-        drafts, _ = seq.lookup.propose(seq.ids, k)  # a lookup's drafts are chosen without chance: no q
-        return drafts[:k]
+        drafts, seq.probs = propose(seq.drafters, seq.ids, k)  # probs: a sampled draft model's q, else None
+        return drafts
 
     def _verify(self, seq: Sequence, logits: np.ndarray) -> None:
         """A decoding sequence's step: logits [1 + len(drafts), vocab], the rows of its last sampled token
@@ -431,7 +454,8 @@ class Engine:
         try:
             for i in range(len(drafts) + 1):
                 if i < len(drafts):
-                    token, hit = seq.sampler.verify(logits[i], seq.ids, drafts[i])
+                    q = None if seq.probs is None else seq.probs[i]
+                    token, hit = seq.sampler.verify(logits[i], seq.ids, drafts[i], q)
                 else:
                     token, hit = seq.sampler.sample(logits[i], seq.ids), False
                 event = out.accept(token, logits[i], position + 1 + i)

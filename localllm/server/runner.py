@@ -29,6 +29,7 @@ class ServeOptions:
     threads: Optional[int] = None
     lookup: bool = False  # speculative decoding by prompt lookup in every sequence (Engine's speculation)
     draft_max: int = 8  # the most tokens a sequence drafts per step (1..speculative.MAX_DRAFT)
+    draft: Optional[str] = None  # a draft model (path or name) with the model's vocabulary: every sequence drafts with it
     warm_up: bool = True  # prepare the kernels on the engine's thread before listening (Engine.warm_up)
     access_log: Optional[Callable[[str], None]] = None  # called with one line per request (access_log.py)
 
@@ -84,13 +85,25 @@ def build_app(model, options: ServeOptions, model_id: Optional[str] = None):
     """The ASGI app and its (not yet started) engine for a loaded model."""
     from ..speculative import Speculation
 
-    speculation = Speculation(lookup=True, max_draft=options.draft_max) if options.lookup else None
+    speculation = None
+    if options.lookup or options.draft:
+        speculation = Speculation(lookup=options.lookup, draft=_draft_model(model, options), max_draft=options.draft_max)
     engine = Engine(model, parallel=options.parallel, cache_mb=options.cache_mb, block_size=options.block_size,
                     max_queue=options.max_queue, speculation=speculation)
     names = served_names(model, model_id)
     config = ServerConfig(names[0], api_key=options.api_key, max_body_bytes=options.max_body_bytes,
                           aliases=tuple(names[1:]), access_log=options.access_log)
     return create_app(engine, config), engine
+
+
+def _draft_model(model, options: ServeOptions):
+    """The draft model of options.draft, loaded with the model's context (None without one)."""
+    if not options.draft:
+        return None
+    import localllm
+    from ..hub.resolve import resolve_model
+
+    return localllm.load(resolve_model(options.draft), n_ctx=model.n_ctx, threads=options.threads)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -300,16 +300,21 @@ def test_run_bad_grammar_or_schema_is_one_line_and_exit_2(capsys, tmp_path, tiny
     assert code == 2 and message in err and err.count("\n") == 1 and out == ""
 
 
-@pytest.mark.parametrize("flags,lookup,draft_max", [((), False, 8), (("--lookup", "--draft-max", "5"), True, 5),
-                                                    (("--no-lookup",), False, 8)])
-def test_serve_passes_the_speculation_options_to_the_server(capsys, monkeypatch, flags, lookup, draft_max):
+@pytest.mark.parametrize("flags,lookup,draft_max,draft", [((), False, 8, None), (("--lookup", "--draft-max", "5"), True, 5, None),
+                                                          (("--no-lookup", "--draft", "small.gguf"), False, 8, "small.gguf")])
+def test_serve_passes_the_speculation_options_to_the_server(capsys, monkeypatch, flags, lookup, draft_max, draft):
     import localllm.server
 
     seen = []
     monkeypatch.setattr(localllm.server, "serve", lambda model, options, **kw: seen.append(options))
     code, _, err = run_cli(capsys, "serve", "--port", "0", *flags)
     assert code == 0, err
-    assert [(o.lookup, o.draft_max) for o in seen] == [(lookup, draft_max)]
+    assert [(o.lookup, o.draft_max, o.draft) for o in seen] == [(lookup, draft_max, draft)]
+
+
+def test_serve_with_a_draft_of_another_vocabulary_is_one_line(capsys, tiny_llama, gemma_path):
+    code, out, err = run_cli(capsys, "serve", tiny_llama, "--port", "0", "--draft", gemma_path, "--quiet")
+    assert code == 1 and "cannot draft for this model" in err and err.count("\n") == 1
 
 
 def test_serve_refuses_a_draft_length_out_of_range(capsys):

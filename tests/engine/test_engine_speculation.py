@@ -18,7 +18,6 @@ import pytest
 import localllm
 import localllm.engine.batching as batching
 from localllm.engine.batching import Engine, GenerationRequest
-from localllm.errors import LocalLLMError
 from localllm.model.decoder import MAX_VERIFY_ROWS
 from localllm.sampling import SamplingConfig
 from localllm.speculative import Speculation
@@ -209,10 +208,21 @@ def test_sampling_keeps_the_draft_by_the_acceptance_rule(tiny, monkeypatch):
     assert all(t.draft_tokens > t.draft_accepted > 0 for t in timings)
 
 
-def test_a_draft_model_is_refused():
-    with pytest.raises(LocalLLMError, match="prompt lookup only"):
-        Engine(_NoModel(), speculation=Speculation(lookup=False, draft=object()))
+def test_a_draft_model_drafts_for_every_sequence_and_changes_nothing(tiny, tmp_path):
+    """Four greedy requests, each with its own session of a draft model (another architecture over the
+    same vocabulary, drafting whatever it costs): Model.generate's tokens and logprobs alone."""
+    model = tiny("llama")
+    draft = localllm.load(write_tiny_model(tmp_path / "draft.gguf", "gemma3", "Q4_K", seed=9), n_ctx=256, threads=2)
+    spec = Speculation(lookup=False, draft=draft, max_draft=3, token_cost=0.0, draft_p_min=0.0)
+    got, timings, _ = run_engine(model, PROMPTS, spec)
+    assert got == [alone(model, p) for p in PROMPTS]
+    assert all(t.draft_tokens > 0 for t in timings)
+    assert sum(t.draft_accepted for t in timings) < sum(t.draft_tokens for t in timings)  # refusals too
 
 
-class _NoModel:
-    decoder = tokenizer = None
+def test_a_draft_model_with_another_vocabulary_is_refused_when_the_engine_is_made(tiny, gemma_path):
+    from localllm.speculative import IncompatibleDraft
+
+    gemma = localllm.load(gemma_path, n_ctx=64)
+    with pytest.raises(IncompatibleDraft, match="cannot draft for this model"):
+        Engine(tiny("llama"), speculation=Speculation(lookup=False, draft=gemma))
