@@ -147,9 +147,9 @@ def test_greedy_is_plain_decoding_on_every_kind_of_layer(arch, tiny_dir):
     for spec in (Speculation(max_draft=5), Speculation(lookup=False, draft=draft, max_draft=3, draft_p_min=0.0, token_cost=0.0),
                  replay):
         plain_session, spec_session = model.new_session(), model.new_session()
-        plain, _, _ = _run(model, prompt, max_tokens=40, temperature=0, session=plain_session)
-        got, _, done = _run(model, prompt, spec, max_tokens=40, temperature=0, session=spec_session)
-        assert got == plain
+        plain, plain_lp, _ = _run(model, prompt, max_tokens=40, temperature=0, top_logprobs=2, session=plain_session)
+        got, got_lp, done = _run(model, prompt, spec, max_tokens=40, temperature=0, top_logprobs=2, session=spec_session)
+        assert got == plain and got_lp == plain_lp  # the verified rows' logits are the decode steps' bit for bit
         if spec is replay:  # drafts kept and refused: the recurrent layers' rollback ran
             assert 0 < done.timings.draft_accepted < done.timings.draft_tokens
             replay.drafter.answer = []  # the next turn drafts nothing this way
