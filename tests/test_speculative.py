@@ -11,9 +11,6 @@
 
 from __future__ import annotations
 
-import itertools
-import math
-
 import numpy as np
 import pytest
 
@@ -21,6 +18,7 @@ import localllm
 from localllm.sampling import Sampler, SamplingConfig
 from localllm.speculative import DraftLength, IncompatibleDraft, PromptLookup, Speculation, check_vocabularies
 
+from distribution import P_BOUND, chi2_sf, chi_square_p, exact_joint, exact_probs
 from tiny_models import write_tiny_model
 
 # A prompt whose greedy continuation repeats itself and the prompt (drafts are kept), with turns where it
@@ -163,72 +161,11 @@ def test_greedy_is_plain_decoding_on_every_kind_of_layer(arch, tiny_dir):
 # -- sampling: the distribution -------------------------------------------------------------------------------
 
 
-def _chi2_sf(stat: float, dof: int) -> float:
-    """P(X >= stat) for X chi-square with `dof` degrees of freedom: the regularized upper incomplete gamma
-    Q(dof/2, stat/2), by its series below a + 1 and its continued fraction (Lentz) above."""
-    a, x = dof / 2.0, stat / 2.0
-    if x <= 0:
-        return 1.0
-    log_front = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1:
-        term = total = 1.0 / a
-        for n in range(1, 1000):
-            term *= x / (a + n)
-            total += term
-            if term < total * 1e-15:
-                break
-        return 1.0 - total * math.exp(log_front)
-    tiny = 1e-300
-    b, c, d = x + 1 - a, 1 / tiny, 1 / (x + 1 - a)
-    h = d
-    for i in range(1, 1000):
-        an = -i * (i - a)
-        b += 2
-        d = an * d + b
-        d = tiny if abs(d) < tiny else d
-        c = b + an / c
-        c = tiny if abs(c) < tiny else c
-        d = 1 / d
-        h *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return math.exp(log_front) * h
-
-
 def test_the_chi_square_tail_matches_known_quantiles():
     # textbook critical values: P(X >= 3.841) = 0.05 at 1 dof, P(X >= 23.209) = 0.01 at 10, 0.001 at 26 dof: 54.052
-    assert _chi2_sf(3.841, 1) == pytest.approx(0.05, rel=1e-3)
-    assert _chi2_sf(23.209, 10) == pytest.approx(0.01, rel=1e-3)
-    assert _chi2_sf(54.052, 26) == pytest.approx(0.001, rel=1e-3)
-
-
-def _chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
-    """p-value of Pearson's chi-square test of `counts` against `probs` (bins of expected count < 5 merged)."""
-    n = counts.sum()
-    expected = probs * n
-    order = np.argsort(expected)
-    c, e = counts[order].astype(float), expected[order]
-    small = np.cumsum(e) < 5  # merge the rarest bins into one
-    if small.any():
-        c = np.concatenate([[c[small].sum() + c[~small][0]], c[~small][1:]])
-        e = np.concatenate([[e[small].sum() + e[~small][0]], e[~small][1:]])
-    stat = float(((c - e) ** 2 / e).sum())
-    return _chi2_sf(stat, len(c) - 1)
-
-
-def _exact_probs(logits: np.ndarray, temperature: float, top_k: int) -> np.ndarray:
-    """The distribution a top-k, temperature sampler draws from (NumPy, float64)."""
-    out = np.zeros(logits.size)
-    top = np.argsort(-logits.astype(np.float64), kind="stable")[:top_k]
-    z = logits[top].astype(np.float64) / temperature
-    w = np.exp(z - z.max())
-    out[top] = w / w.sum()
-    return out
-
-
-# p-values under this bound fail the tests below: with every sampled quantity drawn as it should be, a
-# test fails by chance with probability 1e-4.
-P_BOUND = 1e-4
+    assert chi2_sf(3.841, 1) == pytest.approx(0.05, rel=1e-3)
+    assert chi2_sf(23.209, 10) == pytest.approx(0.01, rel=1e-3)
+    assert chi2_sf(54.052, 26) == pytest.approx(0.001, rel=1e-3)
 
 
 @pytest.mark.parametrize("with_q", [False, True])
@@ -238,7 +175,7 @@ def test_the_acceptance_rule_draws_from_the_samplers_distribution(with_q):
     logits = rng.normal(0, 1.5, n_vocab).astype(np.float32)
     config = SamplingConfig(temperature=0.9, top_k=8, top_p=1.0, min_p=0.0, seed=3)
     sampler = Sampler(config, n_vocab)
-    p = _exact_probs(logits, 0.9, 8)
+    p = exact_probs(logits, 0.9, 8)
     q = rng.dirichlet(np.ones(n_vocab))  # a draft distribution unlike p, with mass where p has none
     counts = np.zeros(n_vocab, dtype=np.int64)
     kept = 0
@@ -248,7 +185,7 @@ def test_the_acceptance_rule_draws_from_the_samplers_distribution(with_q):
         counts[token] += 1
         kept += accepted
         assert accepted == (token == draft) or not accepted
-    assert _chi_square_p(counts, p) > P_BOUND
+    assert chi_square_p(counts, p) > P_BOUND
     assert 0 < kept < draws
 
 
@@ -266,15 +203,7 @@ def test_speculative_sampling_keeps_the_models_distribution_over_three_tokens(ti
     bias_row = np.random.default_rng(1).normal(0, 0.7, n_vocab).astype(np.float32)  # every token's logit moved
     bias_row[list(model.tokenizer.eog_ids)] = -np.inf  # three tokens every run: no end of generation
     bias = {i: float(b) for i, b in enumerate(bias_row)}
-    exact = {}
-    for seq in itertools.product(range(top_k), repeat=steps):  # ranks of the chosen tokens at each step
-        prob, ids = 1.0, list(prompt)
-        for rank in seq:
-            p = _exact_probs(model.logits(ids)[-1] + bias_row, 1.0, top_k)
-            token = int(np.argsort(-p, kind="stable")[rank])
-            prob *= p[token]
-            ids.append(token)
-        exact[tuple(ids[len(prompt):])] = prob
+    exact = exact_joint(model, prompt, steps, top_k, bias_row)
     keys = list(exact)
     assert abs(sum(exact.values()) - 1) < 1e-9
     spec = Speculation(lookup=True, draft=draft, max_draft=2, draft_p_min=0.0, token_cost=0.0)
@@ -287,7 +216,7 @@ def test_speculative_sampling_keeps_the_models_distribution_over_three_tokens(ti
         counts[keys.index(tuple(tokens))] += 1
         drafted += done.timings.draft_tokens
         kept += done.timings.draft_accepted
-    assert _chi_square_p(counts, np.array([exact[k] for k in keys])) > P_BOUND
+    assert chi_square_p(counts, np.array([exact[k] for k in keys])) > P_BOUND
     assert 0.2 * drafted < kept < drafted
 
 

@@ -226,3 +226,49 @@ def test_a_draft_model_with_another_vocabulary_is_refused_when_the_engine_is_mad
     gemma = localllm.load(gemma_path, n_ctx=64)
     with pytest.raises(IncompatibleDraft, match="cannot draft for this model"):
         Engine(tiny("llama"), speculation=Speculation(lookup=False, draft=gemma))
+
+
+def test_sampled_requests_keep_the_models_distribution_with_drafts(tmp_path):
+    """1,500 sampled requests (three tokens each, top-k 3, temperature 1, a logit bias on every token, one
+    seed each) through the engine, eight at a time, drafting with lookup and a sampled draft model (the
+    same weights without the bias: q differs from p, so the rule keeps drafts with probability p/q and
+    draws refusals from p - q): the frequencies of the 27 possible answers against the model's exact
+    joint distribution (tests/distribution.py)."""
+    from distribution import P_BOUND, chi_square_p, exact_joint
+
+    path = write_tiny_model(tmp_path / "dist.gguf", "llama", "F32", seed=11)
+    model, draft = localllm.load(path, n_ctx=64, threads=2), localllm.load(path, n_ctx=64, threads=2)
+    prompt, top_k, steps, runs = [2, 17, 33, 17, 33, 17], 3, 3, 1500
+    bias_row = np.random.default_rng(1).normal(0, 0.7, model.decoder.hp.n_vocab).astype(np.float32)
+    bias_row[list(model.tokenizer.eog_ids)] = -np.inf  # three tokens every time: no end of generation
+    bias = {i: float(b) for i, b in enumerate(bias_row)}
+    exact = exact_joint(model, prompt, steps, top_k, bias_row)
+    spec = Speculation(lookup=True, draft=draft, max_draft=2, draft_p_min=0.0, token_cost=0.0)
+    engine = Engine(model, parallel=8, cache_mb=4, max_queue=runs, speculation=spec)
+    loop = asyncio.new_event_loop()
+    try:
+        handles = [engine.submit(GenerationRequest(list(prompt), SamplingConfig(temperature=1.0, top_k=top_k, top_p=1.0,
+                                                                                min_p=0.0, seed=seed, logit_bias=bias),
+                                                   max_tokens=steps), loop) for seed in range(runs)]
+
+        async def collect(handle):
+            return [e async for e in handle.events()]
+
+        async def all_events():
+            return await asyncio.gather(*(collect(h) for h in handles))
+
+        engine.start()
+        try:
+            results = loop.run_until_complete(asyncio.wait_for(all_events(), 600))
+        finally:
+            engine.stop()
+    finally:
+        loop.close()
+    keys = list(exact)
+    counts = np.zeros(len(keys), dtype=np.int64)
+    for events in results:
+        counts[keys.index(tuple(e.token for e in events if e.kind == "token" and e.token is not None))] += 1
+    assert chi_square_p(counts, np.array([exact[k] for k in keys])) > P_BOUND
+    drafted = sum(events[-1].timings.draft_tokens for events in results)
+    kept = sum(events[-1].timings.draft_accepted for events in results)
+    assert 0.2 * drafted < kept < drafted
