@@ -245,7 +245,8 @@ class DecodeThreads:
         regions; a prefill on one thread by default would be twice as slow on a quiet machine). A step
         of 2..EXACT_MAX_ROWS rows (a speculative verification, a server step) starts on what one-row
         steps chose once they have measured both settings (_inherits): its ops are the same, a little
-        longer."""
+        longer. (Its own tries start as any size's do, at its third step: an inherited choice can be
+        wrong, and a size that waited long to try the other setting ran a whole benchmark round on it.)"""
         if rows <= self.EXACT_MAX_ROWS:
             return self._sizes[1].best(self.threads) if self._inherits(rows) else 1
         return self.threads
@@ -261,8 +262,6 @@ class DecodeThreads:
         stats = self._sizes.get(key)
         if stats is None:
             stats = self._sizes[key] = _StepStats(self.EXPLORE_EVERY, self._start(rows))
-            if self._inherits(rows):  # a setting already measured: its first try waits as a confirmed one's
-                stats.next_try = self.EXPLORE_EVERY
         self.current = stats.next_setting(self.threads, self.EXPLORE_EVERY, self.EXPLORE_MAX)
         started = time.perf_counter()
         self._running = (stats, self.current, started, rows)
