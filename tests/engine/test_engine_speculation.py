@@ -56,15 +56,11 @@ def alone(model, prompt, max_tokens=MAX_TOKENS, **sampling) -> list:
     return [(e.token, e.logprob, e.top_logprobs) for e in events if e.kind == "token" and e.token is not None]
 
 
-def run_engine(model, prompts, speculation, sampling=None, max_tokens=MAX_TOKENS):
-    """Every prompt queued before the engine starts (its first step admits them together): the token
-    triples and the final Timings of each, and the engine."""
-    engine = Engine(model, parallel=len(prompts), cache_mb=4, speculation=speculation)
-    sampling = sampling or SamplingConfig(temperature=0.0)
+def engine_events(engine, requests, timeout=120) -> list:
+    """Every request queued before the engine starts, then run: each request's events."""
     loop = asyncio.new_event_loop()
     try:
-        handles = [engine.submit(GenerationRequest(list(p), sampling, max_tokens=max_tokens, top_logprobs=2), loop)
-                   for p in prompts]
+        handles = [engine.submit(request, loop) for request in requests]
 
         async def collect(handle):
             return [e async for e in handle.events()]
@@ -74,11 +70,20 @@ def run_engine(model, prompts, speculation, sampling=None, max_tokens=MAX_TOKENS
 
         engine.start()
         try:
-            results = loop.run_until_complete(asyncio.wait_for(all_events(), 120))
+            return loop.run_until_complete(asyncio.wait_for(all_events(), timeout))
         finally:
             engine.stop()
     finally:
         loop.close()
+
+
+def run_engine(model, prompts, speculation, sampling=None, max_tokens=MAX_TOKENS):
+    """Every prompt queued before the engine starts (its first step admits them together): the token
+    triples and the final Timings of each, and the engine."""
+    engine = Engine(model, parallel=len(prompts), cache_mb=4, speculation=speculation)
+    sampling = sampling or SamplingConfig(temperature=0.0)
+    results = engine_events(engine, [GenerationRequest(list(p), sampling, max_tokens=max_tokens, top_logprobs=2)
+                                     for p in prompts])
     assert all(events[-1].kind == "done" for events in results), [events[-1].text for events in results]
     tokens = [[(e.token, e.logprob, e.top_logprobs) for e in events if e.kind == "token" and e.token is not None]
               for events in results]
@@ -245,25 +250,10 @@ def test_sampled_requests_keep_the_models_distribution_with_drafts(tmp_path):
     exact = exact_joint(model, prompt, steps, top_k, bias_row)
     spec = Speculation(lookup=True, draft=draft, max_draft=2, draft_p_min=0.0, token_cost=0.0)
     engine = Engine(model, parallel=8, cache_mb=4, max_queue=runs, speculation=spec)
-    loop = asyncio.new_event_loop()
-    try:
-        handles = [engine.submit(GenerationRequest(list(prompt), SamplingConfig(temperature=1.0, top_k=top_k, top_p=1.0,
-                                                                                min_p=0.0, seed=seed, logit_bias=bias),
-                                                   max_tokens=steps), loop) for seed in range(runs)]
-
-        async def collect(handle):
-            return [e async for e in handle.events()]
-
-        async def all_events():
-            return await asyncio.gather(*(collect(h) for h in handles))
-
-        engine.start()
-        try:
-            results = loop.run_until_complete(asyncio.wait_for(all_events(), 600))
-        finally:
-            engine.stop()
-    finally:
-        loop.close()
+    requests = [GenerationRequest(list(prompt), SamplingConfig(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0,
+                                                               seed=seed, logit_bias=bias), max_tokens=steps)
+                for seed in range(runs)]
+    results = engine_events(engine, requests, timeout=600)
     keys = list(exact)
     counts = np.zeros(len(keys), dtype=np.int64)
     for events in results:
