@@ -246,7 +246,7 @@ class DecodeThreads:
         of 2..EXACT_MAX_ROWS rows (a speculative verification, a server step) starts on what one-row
         steps chose once they have measured both settings (_inherits): its ops are the same, a little
         longer. (Its own tries start as any size's do, at its third step: an inherited choice can be
-        wrong, and a size that waited long to try the other setting ran a whole benchmark round on it.)"""
+        wrong, and a wrong one should not wait long to be found out.)"""
         if rows <= self.EXACT_MAX_ROWS:
             return self._sizes[1].best(self.threads) if self._inherits(rows) else 1
         return self.threads
