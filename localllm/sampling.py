@@ -129,13 +129,16 @@ class Sampler:
     def sample(self, logits: np.ndarray, history: Sequence[int]) -> int:
         """The next token id for float32[n_vocab] logits, given the tokens so far (prompt + generated).
         With a grammar, only the tokens it allows can be drawn, and the chosen one advances it."""
-        scores = self.adjusted(logits, history)
-        if self.constraint is not None:
-            scores = self.constraint.apply(scores)
+        scores = self._allowed(logits, history)
         token = self._choose(scores)
         if self.constraint is not None:
             self.constraint.accept(token)
         return token
+
+    def _allowed(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
+        """The logits after bias and penalties, and the grammar's mask when there is one."""
+        scores = self.adjusted(logits, history)
+        return scores if self.constraint is None else self.constraint.apply(scores)
 
     def verify(self, logits: np.ndarray, history: Sequence[int], draft: int, draft_probs=None) -> tuple[int, bool]:
         """Speculative decoding's acceptance rule (Leviathan et al. 2023; Chen et al. 2023) for a drafted
@@ -146,9 +149,7 @@ class Sampler:
         draft_probs: q, float[n_vocab], the distribution x was drawn from; None for a draft chosen
         without chance (a lookup, a greedy draft model): q is one-hot at x, so x is kept with probability
         p(x) and a refusal draws from p without x. The grammar, if any, advances with the emitted token."""
-        scores = self.adjusted(logits, history)
-        if self.constraint is not None:
-            scores = self.constraint.apply(scores)
+        scores = self._allowed(logits, history)
         if self.config.temperature <= 0:
             token = self._choose(scores)
         else:
@@ -170,18 +171,14 @@ class Sampler:
         if draft_probs is None and at.size:
             q[at[0]] = 1.0
         residual = np.maximum(p - q, 0.0)
-        total = residual.sum()
-        if not total > 0.0:  # only reachable through rounding (p <= q everywhere means p == q)
-            residual, total = p, 1.0
-        point = self.rng.random() * total
-        return int(ids[min(int(np.searchsorted(np.cumsum(residual), point, side="right")), ids.size - 1)])
+        if not residual.sum() > 0.0:  # only reachable through rounding (p <= q everywhere means p == q)
+            residual = p
+        return int(ids[self.draw(residual)])
 
     def probabilities(self, logits: np.ndarray, history: Sequence[int]) -> np.ndarray:
         """float64[n_vocab]: the distribution `sample` draws from (zero outside the candidates; one-hot at
         the argmax when greedy). A draft model's q (verify's draft_probs). Does not advance the grammar."""
-        scores = self.adjusted(logits, history)
-        if self.constraint is not None:
-            scores = self.constraint.apply(scores)
+        scores = self._allowed(logits, history)
         out = np.zeros(self.n_vocab)
         if self.config.temperature <= 0:
             out[self._choose(scores)] = 1.0
@@ -191,11 +188,12 @@ class Sampler:
         out[ids] = _softmax64(kept / np.float32(self.config.temperature))
         return out
 
-    def draw(self, probs: np.ndarray) -> int:
-        """A token id drawn from float64[n_vocab] probabilities with this sampler's generator."""
-        cumulative = np.cumsum(probs)
+    def draw(self, weights: np.ndarray) -> int:
+        """An index drawn in proportion to float64 weights (>= 0, not all 0) with this sampler's generator:
+        one uniform number against their cumulative sum."""
+        cumulative = np.cumsum(weights)
         point = self.rng.random() * cumulative[-1]
-        return min(int(np.searchsorted(cumulative, point, side="right")), probs.size - 1)
+        return min(int(np.searchsorted(cumulative, point, side="right")), weights.size - 1)
 
     @staticmethod
     def _choose_checks(scores: np.ndarray) -> None:
@@ -278,10 +276,7 @@ class Sampler:
         """Index drawn from softmax(logits): one uniform number against the cumulative weights."""
         if logits.size == 1:
             return 0
-        weights = np.exp(logits.astype(np.float64) - float(np.max(logits)))
-        cumulative = np.cumsum(weights)
-        point = self.rng.random() * cumulative[-1]
-        return min(int(np.searchsorted(cumulative, point, side="right")), logits.size - 1)
+        return self.draw(np.exp(logits.astype(np.float64) - float(np.max(logits))))
 
 
 # -- log-probabilities ---------------------------------------------------------------------------------------

@@ -224,7 +224,8 @@ class Backend(ABC):
         at a sequence's start), out float32[T, C] (not x)."""
 
     @abstractmethod
-    def delta_net(self, q, k, v, g: np.ndarray, beta: np.ndarray, state, out, grouped: bool = False) -> None:
+    def delta_net(self, q, k, v, g: np.ndarray, beta: np.ndarray, state, out, grouped: bool = False,
+                  stepwise: bool = False) -> None:
         """The gated delta rule over T tokens of one sequence, the state carried in place (Qwen3.5's and
         Qwen3-Next's linear attention, ggml_gated_delta_net). Per value head h and token t, with M =
         state[h] [S (value), S (key)] and key head h % Hk (Qwen3.5), or h // (Hv / Hk) when `grouped`
@@ -234,7 +235,8 @@ class Backend(ABC):
         q, k float32[T, Hk, S] (L2-normalised by the caller), v and out float32[T, Hv, S], state
         float32[Hv, S, S] (zero at a sequence's start); g (log decay, <= 0) and beta host float32[T, Hv].
         A backend may compute a prompt in chunks (the same rule in another order): within float32
-        rounding of the token loop."""
+        rounding of the token loop. `stepwise`: token by token, each exactly as a one-token call computes
+        it (the rows Decoder.verify checks: Buffers.n_rowwise)."""
 
     @abstractmethod
     def gated_act(self, gate, up, out, kind: str) -> None:

@@ -25,7 +25,7 @@ own session of the draft model, run one token at a time on this thread, and its 
 localllm/speculative.py) and then runs 1 + k rows instead of one: its last token and its drafts, all in
 the leading row-wise rows
 (BatchLayout.n_rowwise counts every decoding row), so each is computed as a one-token step computes it
-(matmul_rows; its attention, under 32 rows, by the Numba kernel; recurrent layers one row at a time),
+(matmul_rows; its attention, under 32 rows, by the Numba kernel; recurrent layers stepwise),
 with the logits of every one of them. Sampler.verify then keeps drafts or replaces the first refused
 one (Engine._verify), so greedy answers stay Model.generate's and sampled ones keep their distribution.
 A sequence never drafts past MAX_VERIFY_ROWS rows, its token budget or the context.

@@ -437,15 +437,17 @@ class Decoder:
         n = len(tokens)
         if n > MAX_VERIFY_ROWS:
             raise ValueError(f"verify takes at most {MAX_VERIFY_ROWS} rows, got {n}")
-        b = self.buffers(n)
-        b.n_rowwise = n
+        # forward_batch's buffers, views of one allocation: T changes from step to step (a buffer per T,
+        # logits [T, vocab] among them, would pile up)
+        b = self._batch.rows(n)
+        b.n_rowwise, b.segments = n, None
         self.ops.begin_step(n)
-        try:
-            logits = self._forward(tokens, start, cache, all_logits=True)
-        finally:
-            b.n_rowwise = 0
+        self._layers(tokens, start, cache, b)
+        _, normed, logits = self._batch.outputs(n)
+        self.output_norm(b.x, normed)
+        self._project(normed, logits, rowwise=True)
         self.ops.end_step()
-        return logits
+        return self.ops.to_host(logits)
 
     def _forward(self, tokens: np.ndarray, start: int, cache: KVCache, all_logits: bool) -> np.ndarray:
         n = len(tokens)
@@ -456,17 +458,21 @@ class Decoder:
         logits = self._logits.get(rows.shape[0])
         if logits is None:
             logits = self._logits[rows.shape[0]] = self.ops.alloc((rows.shape[0], self.hp.n_vocab))
-        output = self.w.get("output.weight") or self.w["token_embd.weight"]
-        project = self.ops.matmul_rows if b.n_rowwise else self.ops.matmul
-        project(output, normed, logits, self.w.get("output.bias"))
-        self.finish_logits(logits)
+        self._project(normed, logits)
         return self.ops.to_host(logits)
 
-    def _layers(self, tokens: np.ndarray, start: int, cache: KVCache) -> Buffers:
-        """Embed tokens[T] at positions start..start+T-1 and run every block: the buffers, b.x the last
-        hidden state (before the output norm)."""
+    def _project(self, normed, logits, rowwise: bool = False) -> None:
+        """logits [R, vocab] <- the output projection of normed [R, n_embd] (rowwise: each row as a one-row
+        product computes it), then finish_logits."""
+        output = self.w.get("output.weight") or self.w["token_embd.weight"]
+        (self.ops.matmul_rows if rowwise else self.ops.matmul)(output, normed, logits, self.w.get("output.bias"))
+        self.finish_logits(logits)
+
+    def _layers(self, tokens: np.ndarray, start: int, cache: KVCache, b: Optional[Buffers] = None) -> Buffers:
+        """Embed tokens[T] at positions start..start+T-1 and run every block: the buffers (b, or this T's
+        own), b.x the last hidden state (before the output norm)."""
         n = len(tokens)
-        b = self.buffers(n)
+        b = self.buffers(n) if b is None else b
         if n == 1:
             b.positions[0] = start  # decode: no temporary array
         else:
@@ -518,9 +524,7 @@ class Decoder:
         last, normed, logits = self._batch.outputs(n_out)
         self.ops.take_rows(b.x, logit_rows, last)
         self.ops.rms_norm(last, self.w["output_norm.weight"], self.hp.eps, normed)
-        output = self.w.get("output.weight") or self.w["token_embd.weight"]
-        self.ops.matmul_rows(output, normed, logits, self.w.get("output.bias"))
-        self.finish_logits(logits)
+        self._project(normed, logits, rowwise=True)
         return self.ops.to_host(logits)
 
     @staticmethod

@@ -413,12 +413,13 @@ class CPUBackend(Backend):
         recurrent.short_conv(x, weight, window, out, bool(silu))
         recurrent.short_conv_window(x, window)
 
-    def delta_net(self, q, k, v, g, beta, state, out, grouped=False) -> None:
+    def delta_net(self, q, k, v, g, beta, state, out, grouped=False, stepwise=False) -> None:
         g = np.ascontiguousarray(g, dtype=np.float32)
         beta = np.ascontiguousarray(beta, dtype=np.float32)
         scale = np.float32(1.0 / np.sqrt(q.shape[2]))
         group = state.shape[0] // q.shape[1] if grouped else 0
-        kernel = recurrent.delta_net_steps if q.shape[0] == 1 else recurrent.delta_net_chunks  # a prompt: chunks
+        stepwise = stepwise or q.shape[0] == 1
+        kernel = recurrent.delta_net_steps if stepwise else recurrent.delta_net_chunks  # a prompt: chunks
         kernel(q, k, v, g, beta, state, out, scale, group)
 
     def add(self, a, b, out) -> None:

@@ -337,14 +337,14 @@ class CUDABackend(Backend):
     def short_conv(self, x, weight, window, out, silu) -> None:
         self._k.short_conv[self._grid(x.shape[1])](x, self._device(weight), window, out, bool(silu))
 
-    def delta_net(self, q, k, v, g, beta, state, out, grouped=False) -> None:
-        """Decode: a thread per state row, token by token. A prompt: in chunks (kernels.delta_net_chunks, a
-        block per head), the same rule in another order."""
+    def delta_net(self, q, k, v, g, beta, state, out, grouped=False, stepwise=False) -> None:
+        """Decode (and `stepwise` rows): a thread per state row, token by token. A prompt: in chunks
+        (kernels.delta_net_chunks, a block per head), the same rule in another order."""
         g_device = self.cuda.to_device(np.ascontiguousarray(g, dtype=np.float32))
         beta_device = self.cuda.to_device(np.ascontiguousarray(beta, dtype=np.float32))
         scale = np.float32(1.0 / np.sqrt(q.shape[2]))
         group = state.shape[0] // q.shape[1] if grouped else 0
-        if q.shape[0] == 1:
+        if stepwise or q.shape[0] == 1:
             self._k.delta_net[self._grid(state.shape[0] * state.shape[1])](q, k, v, g_device, beta_device, state, out,
                                                                             scale, group)
             return

@@ -251,13 +251,9 @@ class Qwen35(Decoder):
         self.linear(b, w[p + "ssm_beta.weight"], x, a["beta"])
         g = (softplus(ops.to_host(a["alpha"]) + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"]).astype(np.float32)
         beta = (1.0 / (1.0 + np.exp(-ops.to_host(a["beta"])))).astype(np.float32)
-        for r0, r1, buffers in segments:
-            # rows computed as one-token steps compute them (Buffers.n_rowwise) go one at a time: the
-            # kernel for several rows works in chunks, a different order of sums
-            runs = [(r, r + 1) for r in range(r0, r1)] if r1 <= b.n_rowwise else [(r0, r1)]
-            for s0, s1 in runs:
-                ops.delta_net(a["q"][s0:s1], a["k"][s0:s1], a["v"][s0:s1], g[s0:s1], beta[s0:s1], buffers[3],
-                              a["out"][s0:s1], self.DELTA_NET_GROUPED)
+        for r0, r1, buffers in segments:  # rows computed as one-token steps compute them: stepwise
+            ops.delta_net(a["q"][r0:r1], a["k"][r0:r1], a["v"][r0:r1], g[r0:r1], beta[r0:r1], buffers[3], a["out"][r0:r1],
+                          self.DELTA_NET_GROUPED, stepwise=r1 <= b.n_rowwise)
         ops.rms_norm(a["out"], w[p + "ssm_norm.weight"], eps, a["out"])
         self.linear(b, w[p + "attn_gate.weight"], x, a["z"])
         out = a["out"].reshape(t, -1)
