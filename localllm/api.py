@@ -375,20 +375,33 @@ class Model:
 
 
 def load(model: Union[str, Path, None] = None, n_ctx: Optional[int] = None, threads: Optional[int] = None, backend: str = "cpu",
-         runtime: Optional[Runtime] = None) -> Model:
+         runtime: Optional[Runtime] = None):
     """Load a GGUF model by path or name (None: the built-in default) and bind it to a backend:
     "cpu", "cuda" (numba-cuda; weights, KV cache and activations in device memory) or "auto" (CUDA when
     a device is present, else CPU). `runtime`: the settings (default: resolved from the environment now,
     once, and passed to the backend); `threads`, when given, in place of its own.
 
+    A `remote:` reference, or a name the config file routes to a remote (localllm/remote/routing.py),
+    gives a RemoteModel instead: the same `generate`, run by another engine (nothing is sent yet).
+
     Every tensor is checked (presence, shape, type) before any kernel runs; nothing is printed.
     """
+    if isinstance(model, Path):
+        return load_path(model, n_ctx=n_ctx, threads=threads, backend=backend, runtime=runtime)
+    from .remote.routing import open_target, resolve_target
+
+    return open_target(resolve_target(model), n_ctx=n_ctx, threads=threads, backend=backend, runtime=runtime)
+
+
+def load_path(path: Union[str, Path], n_ctx: Optional[int] = None, threads: Optional[int] = None, backend: str = "cpu",
+              runtime: Optional[Runtime] = None) -> Model:
+    """`load` for a .gguf file (a path or a name hub/resolve.py resolves, without routing)."""
     from .hub.resolve import resolve_model
     from .model.hparams import HParams
     from .tokenizer import Tokenizer
 
     runtime = (runtime or Runtime.resolve()).with_arguments(threads=threads)
-    path = resolve_model(None if model is None else str(model))
+    path = resolve_model(str(path))
     reader = GGUFReader(path)
     try:
         arch_cls = architecture_class(reader.architecture)

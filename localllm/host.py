@@ -65,6 +65,11 @@ def user_cache_dir(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache"))
 
 
+def user_config_dir(environ: Mapping[str, str]) -> Path:
+    """$XDG_CONFIG_HOME, else ~/.config (not created here)."""
+    return Path(environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config"))
+
+
 def user_state_dir(environ: Mapping[str, str]) -> Path:
     """$XDG_STATE_HOME, else ~/.local/state (not created here)."""
     return Path(environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state"))

@@ -12,11 +12,15 @@ environment. This module is the one place localllm reads its environment variabl
 | LOCALLLM_KERNEL_DIR              | kernel_dir                       | $XDG_CACHE_HOME/localllm/kernels         |
 | LOCALLLM_MODELS                  | models_dir                       | $XDG_CACHE_HOME/localllm/models          |
 | LOCALLLM_HISTORY                 | history_path                     | $XDG_STATE_HOME/localllm/history         |
+| LOCALLLM_CONFIG                  | config_path (remotes, routes)    | $XDG_CONFIG_HOME/localllm/config.toml    |
 | LOCALLLM_DEBUG                   | debug ("1": on)                  | off                                      |
 | OMP_WAIT_POLICY, GOMP_SPINCOUNT  | openmp_spincount (None when set) | DEFAULT_SPINCOUNT                        |
 | NUMBA_CACHE_DIR                  | numba_cache_dir (keys the marker)| ""                                       |
 
-(XDG_CACHE_HOME defaults to ~/.cache, XDG_STATE_HOME to ~/.local/state: host.py.) The CLI's option
+(XDG_CACHE_HOME defaults to ~/.cache, XDG_STATE_HOME to ~/.local/state, XDG_CONFIG_HOME to ~/.config:
+host.py.) A remote engine's API key is read from the variable its entry in the config file names
+(`api_key_env`; LOCALLLM_REMOTE_API_KEY for a `remote:URL` reference), by `secret` below, when a request
+is sent. The CLI's option
 variables (LOCALLLM_THREADS, LOCALLLM_CTX, ...) are Typer's, read with the command line; HF_ENDPOINT is
 the Hugging Face client's own (hub/pull.py) and NUMBA_ENABLE_CUDASIM Numba's (backends/cuda).
 """
@@ -127,6 +131,21 @@ def models_dir(environ: Optional[Mapping[str, str]] = None) -> Path:
     if configured:
         return Path(configured).expanduser()
     return host.user_cache_dir(env) / "localllm" / "models"
+
+
+def config_path(environ: Optional[Mapping[str, str]] = None) -> Path:
+    """$LOCALLLM_CONFIG, else <user config>/localllm/config.toml: remote engines and routes
+    (localllm/remote/config.py). Not created here; a missing file is an empty configuration."""
+    env = _env(environ)
+    configured = env.get("LOCALLLM_CONFIG")
+    if configured:
+        return Path(configured).expanduser()
+    return host.user_config_dir(env) / "localllm" / "config.toml"
+
+
+def secret(name: str, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The value of environment variable `name` (an API key), None when unset or empty."""
+    return _env(environ).get(name) or None
 
 
 def history_path(environ: Optional[Mapping[str, str]] = None) -> Path:

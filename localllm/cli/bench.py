@@ -44,15 +44,28 @@ def bench(
         raise typer.BadParameter("-d must be >= 0")
     if repetitions < 1:
         raise typer.BadParameter("--repetitions must be >= 1")
+    from ..remote.config import Remote
+
+    progress = None if json_out else (lambda msg: ui.status(f"running {msg}"))
+    target = opt.target(model)
+    if isinstance(target, Remote):
+        from ..remote.bench import bench_remote
+
+        llm = opt.remote_model(target, threads=threads, n_depth=n_depth or None, draft=draft, replay=replay or None)
+        _report(list(bench_remote(llm, n_prompt, n_gen, repetitions, progress=progress)), json_out)
+        return
     counts = _thread_list(threads) if threads else [None]
     speculative = _speculative(draft, draft_max, replay, n_depth + n_gen + 16, backend)
-    progress = None if json_out else (lambda msg: ui.status(f"running {msg}"))
-    results = list(run_bench(model, n_prompt, n_gen, counts, repetitions, progress=progress, backend=backend, n_depth=n_depth,
+    results = list(run_bench(target, n_prompt, n_gen, counts, repetitions, progress=progress, backend=backend, n_depth=n_depth,
                              speculative=speculative))
+    _report(results, json_out)
+
+
+def _report(results: list, json_out: bool) -> None:
     if json_out:
         ui.print_json([r.as_dict() for r in results])
-        return
-    ui.bench_table(results)
+    else:
+        ui.bench_table(results)
 
 
 def _speculative(draft: Optional[str], draft_max: int, replay: int, n_ctx: int, backend: str):

@@ -70,7 +70,19 @@ def chat(
         raise typer.BadParameter(str(exc)) from None
     if max_tokens < 1:
         raise typer.BadParameter("--max-tokens must be >= 1")
-    llm = load_with_status(model, ctx, threads, yes, backend)
+    from ..remote.config import Remote
+
+    target = opt.target(model, yes)
+    if isinstance(target, Remote):
+        llm = opt.remote_model(target, ctx=ctx, draft=draft)
+        settings.grammar, schema = opt.remote_constraint(grammar, json_schema)
+        ui.err_console.print(f"[dim]{ui.markup_safe(llm.model_name)} on {ui.markup_safe(llm.remote.url)} "
+                             f"({ui.markup_safe(llm.engine)})[/dim]", soft_wrap=True)
+        from ..remote.conversation import RemoteConversation
+
+        Repl(RemoteConversation(llm, system=system, settings=settings, json_schema=schema), threads).run()
+        return
+    llm = load_with_status(target, ctx, threads, yes, backend)
     llm.check_generates()
     speculation = opt.speculation(llm, lookup, draft, draft_max, threads, backend, yes)
     if llm.is_base_model:
@@ -107,21 +119,17 @@ def tuned_suggestion(meta) -> str:
 
 
 
-def load_with_status(model: Optional[str], ctx: Optional[int], threads: Optional[int], yes: bool = False, backend: str = "cpu"):
-    """Resolve MODEL (pulling it if needed), say what it will take in memory, then load with a spinner."""
-    import localllm
-    from ..api import estimate_memory
-    from ..hub.resolve import resolve_model
+def load_with_status(path: Path, ctx: Optional[int], threads: Optional[int], yes: bool = False, backend: str = "cpu"):
+    """Say what the model at `path` will take in memory, then load it with a spinner."""
+    from ..api import estimate_memory, load_path
 
-    with ui.pull_progress() as progress:
-        path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
     memory = estimate_memory(path, ctx, check=True)  # a context that cannot fit: one error line, nothing else
     ui.err_console.print(
         f"[dim]{Path(path).name}: {ui.human_bytes(memory.weights_bytes)} of weights + "
         f"{ui.human_bytes(memory.kv_bytes)} KV cache for {memory.n_ctx} tokens[/dim]", soft_wrap=True
     )
     with ui.err_console.status(f"loading {Path(path).name}"):
-        llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)  # checks the cache fits first
+        llm = load_path(path, n_ctx=ctx, threads=threads, backend=backend)  # checks the cache fits first
     with ui.err_console.status("preparing the kernels (on a first run, the faster ones then compile in the background)"):
         llm.warm_up()
     return llm
@@ -265,6 +273,9 @@ class Repl:
     def _print_settings(self) -> None:
         conversation = self.conversation
         model = conversation.model
+        if getattr(model, "is_remote", False):
+            self._print_remote_settings()
+            return
         for key, value in vars(conversation.settings).items():
             if key == "repeat_penalty" and value is None:
                 value = f"{model.chat_repeat_penalty()} (the model's default)"
@@ -276,10 +287,26 @@ class Repl:
                          + (" (base model: a plain transcript)" if model.is_base_model else ""))
         ui.console.print(f"  {'system':<15} {conversation.system!r}")
 
+    def _print_remote_settings(self) -> None:
+        """The settings of a chat with a remote model (those the remote leaves at its defaults say so)."""
+        conversation = self.conversation
+        for key, value in vars(conversation.settings).items():
+            if key == "repeat_penalty" and value is None:
+                value = "1.0 (off)"
+            if key == "grammar" and value is not None:
+                value = f"{value.count(chr(10)) + 1} lines of GBNF (--grammar)"
+            ui.console.print(f"  {key:<15} {value}", markup=False)
+        for key, value in conversation.model.describe().items():
+            ui.console.print(f"  {key:<15} {value if value is not None else 'not reported'}", markup=False)
+        ui.console.print(f"  {'system':<15} {conversation.system!r}", markup=False)
+
     def _show(self) -> None:
         from ..model.info import describe
 
         model = self.conversation.model
+        if getattr(model, "is_remote", False):
+            self._print_remote_settings()
+            return
         info = describe(model.reader)
         # the context in use, as the banner and /stats give it, beside the trained length describe() reads
         info["context_length"] = f"{model.n_ctx} (trained on {model.trained_ctx})"
@@ -294,7 +321,8 @@ class Repl:
             ui.console.print(ui.timing_summary(last.timings, last.context_used, last.n_ctx))
         else:
             ui.console.print("no reply yet")
-        ui.console.print(f"context: {conversation.context_used()} of {conversation.model.n_ctx} tokens, "
+        n_ctx = conversation.model.n_ctx  # None: a remote that does not say
+        ui.console.print(f"context: {conversation.context_used()}" + (f" of {n_ctx}" if n_ctx else "") + " tokens, "
                          f"{len(conversation.messages)} messages")
 
     def _clear(self) -> None:

@@ -79,6 +79,48 @@ def speculation(llm, lookup: bool, draft: Optional[str], draft_max: int, threads
     return spec
 
 
+def target(model: Optional[str], yes: bool = False):
+    """What MODEL names (remote/routing.py): a local file (pulled first if the user agrees) or a Remote; each
+    target a route passes over is announced in one line on stderr."""
+    from ..remote.routing import resolve_target
+    from . import ui
+
+    with ui.pull_progress() as progress:
+        return resolve_target(model, allow_pull=ui.download_consent(yes), progress=progress, notify=ui.notice)
+
+
+def remote_model(remote, **local_options):
+    """The RemoteModel of `remote`, its model checked on the remote now; options that only a local model
+    takes (given as name=value, None when not given) are refused in one line."""
+    from ..remote.model import RemoteModel
+    from . import ui
+
+    given = [name for name, value in local_options.items() if value not in (None, False)]
+    if given:
+        flag = given[0].replace("_", "-")
+        raise typer.BadParameter(f"--{flag} applies to a local model; {remote.label} runs on another engine")
+    with ui.err_console.status(f"connecting to {remote.label}"):
+        return RemoteModel(remote).connect()
+
+
+def remote_constraint(grammar_file: Optional[str], json_schema: Optional[str]):
+    """(GBNF text, JSON schema) of --grammar / --json-schema for a remote model: the schema goes as it is
+    (response_format), not compiled to a grammar."""
+    if grammar_file is None and json_schema is None:
+        return None, None
+    from pathlib import Path
+
+    if grammar_file is not None:
+        return grammar_option(grammar_file, json_schema), None
+    text = json_schema
+    if not text.lstrip().startswith(("{", "[", "true", "false")) or Path(text).is_file():
+        text = _read_text(text, "--json-schema")
+    grammar_option(None, text)  # the same checks as a local model's: a bad schema is a bad parameter here
+    import json
+
+    return None, json.loads(text)
+
+
 def sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop: Optional[List[str]]):
     """The SamplingConfig of the options; repeat_penalty None (not given) means SamplingConfig's (1.0: off)."""
     repeat_penalty = SamplingConfig.repeat_penalty if repeat_penalty is None else repeat_penalty

@@ -37,18 +37,21 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the timings on stderr afterwards (as chat's /stats)."),
 ) -> None:
     """Generate a completion for PROMPT."""
-    import localllm
-    from ..hub.resolve import resolve_model
+    from ..api import load_path
+    from ..remote.config import Remote
 
     if prompt == "-":
         prompt = sys.stdin.read()
     if max_tokens < 0:
         raise typer.BadParameter("--max-tokens must be >= 0")
     config = opt.sampling_config(temperature, top_k, top_p, min_p, repeat_penalty, seed, stop)
+    target = opt.target(model, yes)
+    if isinstance(target, Remote):
+        llm = opt.remote_model(target, ctx=ctx, draft=draft)
+        _run_remote(llm, prompt, chat, config, opt.remote_constraint(grammar, json_schema), max_tokens, json_out, verbose)
+        return
     config = dataclasses.replace(config, grammar=opt.grammar_option(grammar, json_schema))
-    with ui.pull_progress() as progress:
-        path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
-    llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
+    llm = load_path(target, n_ctx=ctx, threads=threads, backend=backend)
     speculation = opt.speculation(llm, lookup, draft, draft_max, threads, backend, yes)
     source = [{"role": "user", "content": prompt}] if chat else prompt
     prompt_ids = llm.render_chat(source) if chat else llm.tokenize(prompt)
@@ -79,3 +82,27 @@ def run(
         sys.stdout.write("\n")
     if verbose and timings is not None:
         ui.err_console.print(ui.timing_summary(timings, len(prompt_ids) + len(tokens), llm.n_ctx), markup=False)
+
+
+def _run_remote(llm, prompt: str, chat: bool, config, constraint, max_tokens: int, json_out: bool, verbose: bool) -> None:
+    """`run` on a RemoteModel: the prompt goes as text (or as one user message with --chat); the remote's
+    engine tokenizes it and applies its own chat template."""
+    grammar, schema = constraint
+    source = [{"role": "user", "content": prompt}] if chat else prompt
+    pieces, timings, finish = [], None, None
+    for event in llm.generate(source, max_tokens=max_tokens, sampling=config, grammar=grammar, json_schema=schema):
+        if event.kind == "token":
+            pieces.append(event.text)
+            if not json_out:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        else:
+            timings, finish = event.timings, event.finish_reason
+    if json_out:  # token ids stay on the remote: null here
+        ui.print_json({"prompt_tokens": None, "tokens": None, "text": "".join(pieces), "finish_reason": finish,
+                       "timings": timings.as_dict() if timings else None, "remote": llm.label})
+    else:
+        sys.stdout.write("\n")
+    if verbose and timings is not None:
+        used = timings.prompt_tokens + timings.generated_tokens
+        ui.err_console.print(ui.timing_summary(timings, used, llm.n_ctx), markup=False)

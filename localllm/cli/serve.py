@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -31,11 +31,20 @@ def serve(
                                         help="A small model with the same vocabulary: every sequence drafts tokens with it "
                                              "(its own KV cache per sequence; the same answers)."),
     draft_max: int = typer.Option(8, "--draft-max", min=1, max=16, help="Tokens a sequence drafts per step at most."),
+    route: Optional[List[str]] = typer.Option(
+        None, "--route", show_default=False,
+        help="NAME=remote:REMOTE (or remote:URL#MODEL): answer requests for model NAME from that remote engine "
+             "(repeatable); a bare NAME takes its route from the config file."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No access log (one line per request on stderr)."),
 ) -> None:
-    """Serve MODEL over an OpenAI-compatible HTTP API."""
+    """Serve MODEL over an OpenAI-compatible HTTP API (and Ollama's), with --route remote models beside it."""
     from ..errors import LocalLLMError
+    from ..remote.config import is_remote_reference
     from ..server import ServeOptions, serve as run_server
+
+    if is_remote_reference(model):
+        raise LocalLLMError("serve runs a local model; answer for a remote one with --route NAME=remote:...")
+    routes = _routes(route or [])
 
     # The engine's batched decode indexes activation buffers on the host (Backend.host_buffers), so the
     # server runs on the CPU backend for now; 'auto' therefore means cpu here.
@@ -44,7 +53,7 @@ def serve(
 
     options = ServeOptions(host=host, port=port, parallel=parallel, ctx=ctx, api_key=api_key, cache_mb=cache_mb,
                            max_queue=max_queue, threads=threads, access_log=None if quiet else _log_line,
-                           lookup=lookup, draft_max=draft_max, draft=draft)
+                           lookup=lookup, draft_max=draft_max, draft=draft, routes=routes, notify=_log_line)
 
     def ready(llm, engine, model_id, url) -> None:
         # url has the port actually bound (--port 0: the one the system chose)
@@ -52,6 +61,8 @@ def serve(
             f"serving {model_id} on {url}/v1  (parallel {parallel}, context {int(engine.seq_ctx)}, "
             f"KV cache {int(engine.pool.n_blocks)} blocks of {int(engine.block_size)} tokens)"
         )
+        for name, remotes in routes.items():
+            ui.status(f"routing {name} to {', then '.join(r.label for r in remotes)}")
 
     def warming_up():
         return ui.err_console.status("preparing the kernels (compiled once per machine: the first run takes a while)")
@@ -62,3 +73,28 @@ def serve(
 def _log_line(line: str) -> None:
     """The access log: plain text on stderr (not rich: a logged path is not markup)."""
     print(line, file=sys.stderr, flush=True)
+
+
+def _routes(specs: list) -> dict:
+    """--route values -> {name: (Remote, ...)}: NAME=REFERENCE, or a bare NAME whose route the config file has
+    (its remote targets, in order; local ones are the local model's business, not a gateway's)."""
+    from ..remote.config import is_remote_reference, load_config, parse_reference
+
+    config = load_config()
+    routes = {}
+    for spec in specs:
+        name, sep, reference = spec.partition("=")
+        name = name.strip()
+        if not name:
+            raise typer.BadParameter(f"--route {spec!r}: give NAME=remote:... or the name of a route in {config.path}")
+        if sep:
+            if not is_remote_reference(reference):
+                raise typer.BadParameter(f"--route {spec!r}: the target must be remote:NAME or remote:URL#MODEL")
+            routes[name] = (parse_reference(reference, config),)
+            continue
+        route = config.route_for(name)
+        remotes = tuple(parse_reference(t, config) for t in route.targets if is_remote_reference(t)) if route else ()
+        if not remotes:
+            raise typer.BadParameter(f"--route {name}: {config.path} has no route with a remote target for it")
+        routes[name] = remotes
+    return routes

@@ -89,6 +89,11 @@ console = _Console(highlight=False)
 err_console = _Console(stderr=True, highlight=False)
 
 
+def notice(message: str) -> None:
+    """A one-line notice on stderr (a route passing over a target)."""
+    err_console.print(Text(terminal_safe(message), style="yellow"), soft_wrap=True)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -114,15 +119,16 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(text + "\n")
 
 
-def timing_summary(timings, context_used: int, n_ctx: int) -> str:
+def timing_summary(timings, context_used: int, n_ctx) -> str:
     """One line of a reply's timings, as chat's /stats and `run -v` print it. `timings`: generate's
-    Timings; `context_used` of `n_ctx` tokens in the KV cache after the reply."""
+    Timings; `context_used` of `n_ctx` tokens in the KV cache after the reply (n_ctx None or 0: a remote
+    model's, unknown)."""
     new_tokens = timings.prompt_tokens - timings.cached_tokens
     prompt_rate = new_tokens / timings.prompt_seconds if timings.prompt_seconds > 0 else 0.0
     line = (
         f"time to first token {timings.time_to_first_token:.2f} s · prompt {new_tokens} new tokens "
         f"({timings.cached_tokens} cached) at {prompt_rate:.1f} tok/s · reply {timings.generated_tokens} tokens at "
-        f"{timings.generation_tps:.1f} tok/s · context {context_used}/{n_ctx}"
+        f"{timings.generation_tps:.1f} tok/s · context {context_used}" + (f"/{n_ctx}" if n_ctx else " tokens")
     )
     drafted = getattr(timings, "draft_tokens", 0)
     if drafted:  # speculative decoding: how many drafted tokens the model kept
@@ -259,6 +265,17 @@ def print_model_list(models) -> None:
         sys.stdout.write("   ".join(cells).rstrip() + "\n")
         if index in problems:
             sys.stdout.write(f"  ^ not a usable model: {problems[index]}\n")
+
+
+def print_remote_list(entries) -> None:
+    """`localllm list`'s remote models, after the local ones: NAME (remote), the engine's URL and model."""
+    if not entries:
+        return
+    rows = [(f"{terminal_safe(e['name'])} (remote)", terminal_safe(e["url"]), terminal_safe(e["model"] or "(its first)"),
+             "via " + terminal_safe(" -> ".join(e["route"])) if e.get("route") else "") for e in entries]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    for row in rows:
+        sys.stdout.write("   ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[3]]).rstrip() + "\n")
 
 
 def print_template_and_sampling(template: dict, sampling: dict) -> None:

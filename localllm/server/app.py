@@ -9,6 +9,7 @@ import asyncio
 import dataclasses
 import hmac
 import json
+import math
 from typing import Callable, Optional
 
 from starlette.applications import Starlette
@@ -31,7 +32,11 @@ class ServerConfig:
     case); access_log: called with one line per request (access_log.py), None for no log."""
 
     def __init__(self, model_id: str, api_key: Optional[str] = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                 aliases: tuple = (), access_log: Optional[Callable[[str], None]] = None):
+                 aliases: tuple = (), access_log: Optional[Callable[[str], None]] = None, routes=None):
+        """routes: a gateway.RemoteRoutes, the remote models answered for beside the local one."""
+        from .gateway import RemoteRoutes
+
+        self.routes = routes if routes is not None else RemoteRoutes()
         self.model_id = model_id
         self.api_key = api_key
         self.max_body_bytes = max_body_bytes
@@ -67,8 +72,10 @@ async def _not_allowed(request: Request, exc) -> Response:
 
 
 def _error(exc: p.APIError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers or None)
 
 
 def _handler(method):
@@ -91,6 +98,7 @@ class _API:
         self.model = engine.model
         self.tokenizer = engine.tokenizer
         self.config = config
+        self.routes = config.routes
         self.prepare = PromptPreparer(self.tokenizer, engine.seq_ctx)
 
     # -- plumbing -----------------------------------------------------------------------------------------------
@@ -131,12 +139,15 @@ class _API:
 
     @_handler
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self.model_object()]})
+        return JSONResponse({"object": "list", "data": [self.model_object(), *self.routes.model_objects()]})
 
     @_handler
     async def model_info(self, request: Request) -> Response:
-        """GET /v1/models/{model}: the served model under any of its names; 404 for another."""
-        p.check_model({"model": request.path_params["model"]}, self.config.model_ids)
+        """GET /v1/models/{model}: the served model under any of its names, or a routed remote one; 404 for another."""
+        name = request.path_params["model"]
+        if self.routes.find(name):
+            return JSONResponse(next(m for m in self.routes.model_objects() if m["id"].lower() == name.strip().lower()))
+        p.check_model({"model": name}, self.config.model_ids)
         return JSONResponse(self.model_object())
 
     @_handler
@@ -175,12 +186,16 @@ class _API:
     @_handler
     async def chat(self, request: Request) -> Response:
         body = await self.body(request)
+        remotes = self.routes.find(body.get("model"))
+        if remotes:
+            return await self.routes.proxy(remotes, "/chat/completions", body)
         model_id = p.check_model(body, self.config.model_ids)
         messages = p.chat_messages(body)
         top = p.chat_top_logprobs(body)
         stream = p._boolean(body, "stream", False)
         include_usage = p.stream_options(body)
         gen = p.sampling_request(body, [], top)  # every field checked before the prompt is prepared
+        self.ignore_eos(body, gen)
         calling = self.tool_calling(body, gen)
         await self.compile_grammar(gen)
         gen.prompt = await self.prepare.run(self._chat_prompt, messages, calling)
@@ -195,6 +210,13 @@ class _API:
         if stream:
             return _sse(handle, renderer, include_usage)
         return await _collect(request, handle, renderer)
+
+    def ignore_eos(self, body: dict, gen) -> None:
+        """llama.cpp's and vLLM's `ignore_eos`: end-of-generation tokens are never drawn, so the reply runs
+        to max_tokens (what a benchmark of a fixed length asks for; `localllm bench` on a remote does)."""
+        if p._boolean(body, "ignore_eos", False):
+            bias = {**(gen.sampling.logit_bias or {}), **{int(t): -math.inf for t in self.tokenizer.eog_ids}}
+            gen.sampling = dataclasses.replace(gen.sampling, logit_bias=bias)
 
     async def compile_grammar(self, gen) -> None:
         """Compile the request's grammar (and, the first time, the vocabulary's trie: about a second at
@@ -245,6 +267,9 @@ class _API:
     @_handler
     async def completions(self, request: Request) -> Response:
         body = await self.body(request)
+        remotes = self.routes.find(body.get("model"))
+        if remotes:
+            return await self.routes.proxy(remotes, "/completions", body)
         model_id = p.check_model(body, self.config.model_ids)
         if p._boolean(body, "echo", False):
             raise p.invalid("'echo' is not supported", "echo")
@@ -255,6 +280,7 @@ class _API:
         stream = p._boolean(body, "stream", False)
         include_usage = p.stream_options(body)
         gen = p.sampling_request(body, [], top)  # every field checked before the prompt is tokenized
+        self.ignore_eos(body, gen)
         await self.compile_grammar(gen)
         if isinstance(prompt, str):
             self.prepare.check(prompt, "prompt")

@@ -112,7 +112,12 @@ class _Ollama:
         return JSONResponse({"version": __version__})
 
     async def tags(self, request: Request) -> Response:
-        return await self._answer(request, lambda: JSONResponse({"models": [self.model_entry()]}))
+        def listed():
+            remotes = [{"name": name, "model": name, "modified_at": self.loaded_at, "size": 0, "digest": "",
+                        "details": {"parent_model": "", "format": "remote", "family": "", "families": [],
+                                    "parameter_size": "", "quantization_level": ""}} for name in self.api.routes.names]
+            return JSONResponse({"models": [self.model_entry(), *remotes]})
+        return await self._answer(request, listed)
 
     async def ps(self, request: Request) -> Response:
         def running():
@@ -137,6 +142,8 @@ class _Ollama:
     async def generate(self, request: Request) -> Response:
         async def generated():
             body = await self.api.body(request)
+            if self.api.routes.find(body.get("model")):
+                return await self._remote(request, body, "response")
             model_id = self._check_model(body)
             refuse_unsupported(body)
             prompt = body.get("prompt", "")
@@ -160,6 +167,8 @@ class _Ollama:
     async def chat(self, request: Request) -> Response:
         async def chatted():
             body = await self.api.body(request)
+            if self.api.routes.find(body.get("model")):
+                return await self._remote(request, body, "message")
             model_id = self._check_model(body)
             refuse_unsupported(body, allowed=("tools",))
             for i, message in enumerate(body.get("messages") or []):
@@ -181,13 +190,36 @@ class _Ollama:
         if (body.get("options") or {}).get("repeat_penalty") is None:
             gen.sampling = dataclasses.replace(gen.sampling, repeat_penalty=self.api.model.chat_repeat_penalty())
 
-    async def _run(self, request: Request, body: dict, gen, model_id: str, kind: str, calling=None) -> Response:
+    async def _remote(self, request: Request, body: dict, kind: str) -> Response:
+        """/api/chat or /api/generate for a routed remote model (server/gateway.py): the request as OpenAI's
+        /chat/completions (or /completions for a raw prompt), its events rendered as for a local model."""
+        refuse_unsupported(body)
+        model_id = body["model"]
+        fields = sampling_body(body)
+        schema = fields.pop("json_schema", None)
+        if schema is not None:
+            fields["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+        if kind == "message":
+            path, fields["messages"] = "/chat/completions", p.chat_messages(body)
+        elif p._boolean(body, "raw", False):
+            path, fields["prompt"] = "/completions", body.get("prompt", "")
+        else:
+            system = body.get("system")
+            path = "/chat/completions"
+            fields["messages"] = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": body.get("prompt", "")}]
+        handle = await self.api.routes.handle(self.api.routes.find(model_id), path, fields)
+        return await self._run(request, body, None, model_id, kind, handle=handle)
+
+    async def _run(self, request: Request, body: dict, gen, model_id: str, kind: str, calling=None, handle=None) -> Response:
         """Submit `gen` and answer as NDJSON chunks (the default) or one object (stream false); kind:
         "response" (/api/generate's text field) or "message" (/api/chat's). With tools (`calling`), the
-        calls go into the message's tool_calls, as Ollama writes them ({"function": {name, arguments}})."""
+        calls go into the message's tool_calls, as Ollama writes them ({"function": {name, arguments}}).
+        `handle`: a remote's (gateway.RemoteHandle) in place of the engine's; its counts are the remote's."""
         started = time.perf_counter_ns()
-        handle = self.api.engine.submit(gen, asyncio.get_running_loop())
-        n_prompt = len(gen.prompt)
+        if handle is None:
+            handle = self.api.engine.submit(gen, asyncio.get_running_loop())
+        n_prompt = len(gen.prompt) if gen is not None else None
         tools = calling.stream() if calling is not None and calling.active else None
         if p._boolean(body, "stream", True):
             return self._stream(handle, model_id, kind, n_prompt, started, tools)
@@ -255,8 +287,11 @@ class _Ollama:
                "done_reason": reason, "total_duration": time.perf_counter_ns() - started if started else 0,
                "load_duration": 0}
         if timings is not None:
-            out.update(prompt_eval_count=n_prompt, prompt_eval_duration=int(timings.prompt_seconds * 1e9),
-                       eval_count=n_generated, eval_duration=int(timings.generation_seconds * 1e9))
+            remote = n_prompt is None  # a remote's answer: its own counts
+            out.update(prompt_eval_count=timings.prompt_tokens if remote else n_prompt,
+                       prompt_eval_duration=int(timings.prompt_seconds * 1e9),
+                       eval_count=timings.generated_tokens if remote else n_generated,
+                       eval_duration=int(timings.generation_seconds * 1e9))
         return out
 
     # -- pulling ------------------------------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from ..errors import ContextOverflow, LocalLLMError
 from ..sampling import SamplingConfig
 
 MAX_STOP_STRINGS = 4
+# Seconds a client refused with a full queue is told to wait (Retry-After): about a short reply's time.
+QUEUE_FULL_RETRY_AFTER = "1"
 MAX_TOP_LOGPROBS = 20
 
 
@@ -23,12 +25,13 @@ class APIError(LocalLLMError):
     """An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: Optional[str] = None,
-                 code: Optional[str] = None):
+                 code: Optional[str] = None, retry_after: Optional[str] = None):
         super().__init__(message)
         self.status = status
         self.type = type
         self.param = param
         self.code = code
+        self.retry_after = retry_after  # seconds, sent as Retry-After (a busy server: 503, 429)
 
     def body(self) -> dict:
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
@@ -45,7 +48,7 @@ def as_api_error(exc: Exception) -> APIError:
     if isinstance(exc, ContextOverflow):
         return APIError(413, str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, QueueFull):
-        return APIError(503, str(exc), type="server_error", code="queue_full")
+        return APIError(503, str(exc), type="server_error", code="queue_full", retry_after=QUEUE_FULL_RETRY_AFTER)
     if isinstance(exc, LocalLLMError):
         return invalid(str(exc))
     if isinstance(exc, UnicodeEncodeError):  # JSON may carry lone surrogates ("\ud800"): not text to tokenize

@@ -7,7 +7,7 @@ import errno
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -32,6 +32,9 @@ class ServeOptions:
     draft: Optional[str] = None  # a draft model (path or name) with the model's vocabulary: every sequence drafts with it
     warm_up: bool = True  # prepare the kernels on the engine's thread before listening (Engine.warm_up)
     access_log: Optional[Callable[[str], None]] = None  # called with one line per request (access_log.py)
+    # The gateway's routes (server/gateway.py): a name requests may give -> the remote.config.Remote(s) serving it
+    routes: dict = field(default_factory=dict)
+    notify: Optional[Callable[[str], None]] = None  # a route's notices (a remote unreachable); None: logged
 
 
 def _listed_name(path: Path) -> Optional[str]:
@@ -90,9 +93,15 @@ def build_app(model, options: ServeOptions, model_id: Optional[str] = None):
         speculation = Speculation(lookup=options.lookup, draft=_draft_model(model, options), max_draft=options.draft_max)
     engine = Engine(model, parallel=options.parallel, cache_mb=options.cache_mb, block_size=options.block_size,
                     max_queue=options.max_queue, speculation=speculation)
+    from .gateway import RemoteRoutes
+
     names = served_names(model, model_id)
+    clash = [name for name in options.routes if name.strip().lower() in {n.lower() for n in names}]
+    if clash:
+        raise LocalLLMError(f"--route {clash[0]}: that name is the local model's")
     config = ServerConfig(names[0], api_key=options.api_key, max_body_bytes=options.max_body_bytes,
-                          aliases=tuple(names[1:]), access_log=options.access_log)
+                          aliases=tuple(names[1:]), access_log=options.access_log,
+                          routes=RemoteRoutes(options.routes, notify=options.notify))
     return create_app(engine, config), engine
 
 

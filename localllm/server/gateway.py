@@ -1,0 +1,213 @@
+"""Remote models the server answers for beside its own (`localllm serve --route NAME=remote:...`).
+
+A request whose `model` is a routed name goes to the route's remotes, in order (the next when one cannot be
+reached). On the OpenAI endpoints the answer is the remote's, passed through as it comes (streamed events
+byte for byte; the request's body unchanged but for `model`, which becomes the remote's name for it). Ollama's
+/api/chat and /api/generate are translated: the request to the remote's /chat/completions or /completions,
+its events back into Ollama's lines (RemoteHandle stands in for the engine's handle).
+
+Keys: the client's Authorization header is the gateway's own (--api-key) and is never forwarded; a remote
+gets its own key from its environment variable (remote/config.py). Neither is ever logged.
+Errors: a remote's 4xx/5xx answer is passed on with its body and Retry-After, except an API key it refuses
+(401/403: the gateway's key, not the client's, so 502); a remote that cannot be reached is a 502.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Optional
+
+from starlette.responses import Response, StreamingResponse
+
+from ..engine.sequence import Event, Timings
+from ..remote.client import CONNECT_TIMEOUT, connect_reason, error_text
+from ..remote.config import Remote
+from . import protocol as p
+
+log = logging.getLogger(__name__)
+
+PASSED_HEADERS = ("content-type", "retry-after")
+
+
+class RemoteRoutes:
+    """name (any case) -> the remotes that serve it, in order."""
+
+    def __init__(self, routes: Optional[dict] = None, notify=None):
+        self.routes = {name.lower(): (name, tuple(remotes)) for name, remotes in (routes or {}).items()}
+        self.notify = notify or log.warning
+        self._http = None
+        self._served: dict = {}  # remote url -> the first model it lists (for a remote named without one)
+
+    @property
+    def names(self) -> list:
+        return [name for name, _ in self.routes.values()]
+
+    def find(self, model) -> Optional[tuple]:
+        """The remotes serving `model`, or None for a name that is not routed."""
+        if not isinstance(model, str):
+            return None
+        entry = self.routes.get(model.strip().lower())
+        return entry[1] if entry else None
+
+    def model_objects(self) -> list:
+        return [{"id": name, "object": "model", "created": 0, "owned_by": "remote"} for name in self.names]
+
+    def _client(self):
+        if self._http is None:
+            import httpx
+
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT))
+        return self._http
+
+    async def aclose(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    # -- sending ------------------------------------------------------------------------------------------------
+    async def open(self, remotes, path: str, body: dict):
+        """The first remote's streamed answer to POST `path` (the next remote when one cannot be reached);
+        APIError 502 when none can be."""
+        import httpx
+
+        reasons = []
+        for remote in remotes:
+            try:
+                sent = dict(body, model=await self._model_name(remote))
+                headers = {"Authorization": f"Bearer {remote.api_key()}"} if remote.api_key() else {}
+                timeout = httpx.Timeout(remote.timeout, connect=min(CONNECT_TIMEOUT, remote.timeout))
+                request = self._client().build_request("POST", remote.url + path, json=sent, headers=headers,
+                                                       timeout=timeout)
+                return remote, await self._client().send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                reasons.append(f"{remote.label}: {connect_reason(exc)}")
+                self.notify(f"note: {remote.label} is unreachable ({connect_reason(exc)})")
+        raise p.APIError(502, f"no remote for '{body.get('model')}' can be reached ({'; '.join(reasons)})",
+                         type="server_error", code="remote_unreachable")
+
+    async def _model_name(self, remote: Remote) -> str:
+        if remote.model:
+            return remote.model
+        if remote.url not in self._served:
+            response = await self._client().get(remote.url + "/models", headers=(
+                {"Authorization": f"Bearer {remote.api_key()}"} if remote.api_key() else {}))
+            data = response.json().get("data") if response.status_code == 200 else None
+            if not data:
+                raise p.APIError(502, f"{remote.label} lists no models: name one in its route", type="server_error")
+            self._served[remote.url] = data[0]["id"]
+        return self._served[remote.url]
+
+    async def proxy(self, remotes, path: str, body: dict) -> Response:
+        """An OpenAI endpoint's answer from the remote, passed through (streamed when it streams)."""
+        remote, response = await self.open(remotes, path, body)
+        if response.status_code >= 400:
+            return await _failed(remote, response)
+        headers = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
+        if not body.get("stream"):
+            try:
+                content = await response.aread()
+            finally:
+                await response.aclose()
+            return Response(content, status_code=response.status_code, headers=headers)
+
+        async def passed():
+            try:
+                async for piece in response.aiter_raw():
+                    yield piece
+            except Exception as exc:  # noqa: BLE001 - the remote went away mid-stream: say so, in the stream
+                error = p.APIError(502, f"{remote.label} closed the connection in the middle of the reply ({exc})",
+                                   type="server_error")
+                yield f"data: {json.dumps(error.body())}\n\n".encode()
+            finally:
+                await response.aclose()  # also when the client went away: the remote cancels the request
+
+        headers.setdefault("content-type", "text/event-stream")
+        return StreamingResponse(passed(), status_code=response.status_code, headers={
+            **headers, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def handle(self, remotes, path: str, body: dict) -> "RemoteHandle":
+        """The remote's streamed answer as engine events (for the Ollama endpoints)."""
+        remote, response = await self.open(remotes, path, dict(body, stream=True, stream_options={"include_usage": True}))
+        if response.status_code >= 400:
+            content = await response.aread()
+            await response.aclose()
+            raise _status_api_error(remote, response.status_code, content, response.headers.get("retry-after"))
+        return RemoteHandle(remote, response, chat=path.endswith("/chat/completions"))
+
+
+class RemoteHandle:
+    """A remote's streamed OpenAI answer as the engine's events: 'token' (text, no id), then 'done' with the
+    finish reason and Timings (counts from the answer's usage), or 'error'. `cancel` closes the connection."""
+
+    def __init__(self, remote: Remote, response, chat: bool):
+        self.remote = remote
+        self.response = response
+        self.chat = chat
+        self.n_prompt = 0
+
+    async def events(self):
+        timings, t0, t_first = Timings(), time.perf_counter(), None
+        finish, usage = None, {}
+        try:
+            async for line in self.response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if chunk.get("error") is not None and not chunk.get("choices"):
+                    yield Event("error", text=f"{self.remote.label}: {error_text(payload.encode())}")
+                    return
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    delta = choice.get("delta") or {} if self.chat else choice
+                    text = (delta.get("content") if self.chat else delta.get("text")) or ""
+                    if text:
+                        t_first = t_first or time.perf_counter()
+                        yield Event("token", text=text, token=-1)  # counted as a token; the id stays remote
+                    finish = choice.get("finish_reason") or finish
+        except Exception as exc:  # noqa: BLE001 - a cut connection or a malformed event ends the answer
+            yield Event("error", text=f"{self.remote.label} closed the connection in the middle of the reply ({exc})")
+            return
+        finally:
+            await self.response.aclose()
+        if finish is None:
+            yield Event("error", text=f"{self.remote.label} ended the reply without a finish reason")
+            return
+        now = time.perf_counter()
+        t_first = t_first or now
+        timings.prompt_seconds = timings.time_to_first_token = t_first - t0
+        timings.generation_seconds = now - t_first
+        timings.prompt_tokens = self.n_prompt = int(usage.get("prompt_tokens") or 0)
+        timings.generated_tokens = int(usage.get("completion_tokens") or 0)
+        yield Event("done", finish_reason=finish, timings=timings)
+
+    def cancel(self) -> None:
+        """Close the connection (the remote cancels the request); a no-op once the answer is whole."""
+        if not self.response.is_closed:
+            import asyncio
+
+            asyncio.ensure_future(self.response.aclose())
+
+
+def _status_api_error(remote: Remote, status: int, content: bytes, retry_after: Optional[str]) -> p.APIError:
+    said = error_text(content) or "no message"
+    if status in (401, 403):
+        return p.APIError(502, f"{remote.label} refused the gateway's API key ({status}): {said}", type="server_error",
+                          code="remote_auth")
+    return p.APIError(status, f"{remote.label}: {said}", type="server_error" if status >= 500 else "invalid_request_error",
+                      retry_after=retry_after)
+
+
+async def _failed(remote: Remote, response) -> Response:
+    """A remote's error answer, passed on (but 502 for an API key it refused: see the module docstring)."""
+    content = await response.aread()
+    await response.aclose()
+    if response.status_code in (401, 403):
+        error = _status_api_error(remote, response.status_code, content, None)
+        return Response(json.dumps(error.body()), status_code=error.status, media_type="application/json")
+    headers = {k: v for k, v in response.headers.items() if k.lower() in PASSED_HEADERS}
+    return Response(content, status_code=response.status_code, headers=headers)
