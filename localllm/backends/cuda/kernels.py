@@ -332,6 +332,7 @@ def delta_net(q, k, v, g, beta, state, out, scale, group):
 
 
 DELTA_CHUNK = 64  # tokens per chunk of delta_net_chunks (the CPU backend's too)
+DELTA_CUMULATIVE = DELTA_CHUNK + 1  # a named constant: numba-cuda takes only literal shared-array shapes
 
 
 @cuda.jit
@@ -347,7 +348,7 @@ def delta_net_chunks(q, k, v, g, beta, state, out, scale, group, deltas):
     size = state.shape[1]
     hk = h // group if group else h % q.shape[1]
     pair = cuda.shared.array((DELTA_CHUNK, DELTA_CHUNK), np.float32)
-    cum = cuda.shared.array(DELTA_CHUNK + 1, np.float32)
+    cum = cuda.shared.array(DELTA_CUMULATIVE, np.float32)
     m = state[h]
     d = deltas[h]
     for first in range(0, q.shape[0], DELTA_CHUNK):
