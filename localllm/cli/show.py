@@ -23,7 +23,20 @@ def show(
     from ..gguf import GGUFReader
     from ..hub.resolve import is_default, registry_choice, resolve_local, resolve_model
     from ..model.info import describe
+    from ..remote.config import is_remote_reference
 
+    if is_remote_reference(model):  # what the remote says of it (its model list)
+        import localllm
+
+        llm = localllm.load(model).connect()
+        info = llm.describe()
+        if json_out:
+            ui.print_json(info)
+        else:
+            for key, value in info.items():
+                ui.console.print(f"{key:<15} {ui.terminal_safe(value if value is not None else 'not reported')}",
+                                 markup=False)
+        return
     choice = None if is_default(model) else registry_choice(model)
     if choice is not None and not choice.entry.supported:  # nothing to open: say what it is and why not
         _show_not_downloaded(choice, json_out)

@@ -51,6 +51,9 @@ def resolve_model(name: Optional[str], *, allow_pull: AllowPull = None, progress
     handed to pull (see pull.ProgressFactory) when a download happens."""
     if is_default(name):
         return default_model_path()
+    if name.strip().lower().startswith("remote:"):  # remote/config.py's references
+        raise ModelNotFound(f"'{name}' is a remote model, and this needs a local .gguf file (remote models work "
+                            "with chat, run, bench, show and serve --route)")
     found = resolve_local(name)
     if found is not None:
         return found

@@ -135,7 +135,9 @@ class _API:
         return JSONResponse({"status": "ok"})
 
     def model_object(self) -> dict:
-        return {"id": self.config.model_id, "object": "model", "created": 0, "owned_by": "localllm"}
+        # max_model_len: each sequence's context, under vLLM's name (a remote client reads it: remote/model.py)
+        return {"id": self.config.model_id, "object": "model", "created": 0, "owned_by": "localllm",
+                "max_model_len": int(self.engine.seq_ctx)}
 
     @_handler
     async def models(self, request: Request) -> Response:

@@ -79,6 +79,7 @@ def test_greedy_run_through_the_remote_equals_the_engines_own_answer(remote):
 def test_load_gives_a_remote_model_whose_events_stream_as_a_local_models_do(remote, keyed):
     model = localllm.load(f"remote:{remote.url}")
     assert isinstance(model, RemoteModel) and model.engine == "localllm" and model.model_name == "gemma-3-270m"
+    assert model.n_ctx == 1024  # what the engine reports (max_model_len, vLLM's key)
     events = list(model.generate(PROMPT, max_tokens=16, temperature=0))
     tokens, done = [e for e in events if e.kind == "token"], events[-1]
     assert len(tokens) >= 8 and all(e.token is None for e in tokens)  # streamed in pieces; the ids stay remote
@@ -236,7 +237,7 @@ def test_chat_through_a_remote_streams_and_ctrl_c_cancels_the_remote_request(rem
         reply = child.before.strip()
         assert reply and "error" not in reply
         child.sendline("/stats")
-        child.expect(r"reply \d+ tokens at [\d.]+ tok/s · context (\d+) tokens")
+        child.expect(r"reply \d+ tokens at [\d.]+ tok/s · context (\d+)/1024")  # the remote's context, reported
         assert int(child.match.group(1)) > 8
         child.sendline("/bye")
         child.expect(pexpect.EOF)
@@ -287,6 +288,18 @@ def test_the_gateway_answers_for_remote_and_local_models_and_never_logs_a_key(ga
     # the local model, as before
     local = client.chat.completions.create(model="gemma-3-270m", messages=messages, max_tokens=4, temperature=0)
     assert local.choices[0].message.content
+
+    # a client that goes away mid-stream: the gateway closes its request to the remote, which cancels it
+    cancelled = remote.metric("requests_cancelled_total", KEY)
+    stream = client.chat.completions.create(model="big", messages=[{"role": "user", "content": "A long story."}],
+                                            max_tokens=3000, extra_body={"ignore_eos": True}, stream=True)
+    for _, _ in zip(range(5), stream):
+        pass
+    stream.close()
+    deadline = time.monotonic() + 15
+    while remote.metric("requests_cancelled_total", KEY) != cancelled + 1 or remote.metric("active_sequences", KEY):
+        assert time.monotonic() < deadline, "the remote request was not cancelled"
+        time.sleep(0.1)
 
     # a route whose remote is down: 502 in one line, and a notice in the log
     with pytest.raises(openai.APIStatusError) as caught:

@@ -78,7 +78,7 @@ def test_models_answer_to_every_name_of_the_served_file(logged, model, gemma_pat
     for name in ("gemma-3-270m", "GEMMA-3-270M", stem, stem + ".gguf"):
         info = httpx.get(f"{srv.base_url}/v1/models/{name}")
         assert info.status_code == 200 and info.json() == {"id": served, "object": "model", "created": 0,
-                                                           "owned_by": "localllm"}
+                                                           "owned_by": "localllm", "max_model_len": srv.engine.seq_ctx}
         reply = httpx.post(srv.base_url + "/v1/completions", json={"model": name, "prompt": "Hi", "max_tokens": 1})
         assert reply.status_code == 200 and reply.json()["model"] == served
     for other in ("gemma-3-1b-it", "hf.co/x/y:Q4_K_M"):
