@@ -238,7 +238,7 @@ class RemoteModel:
                 for chunk in stream:
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices") or []:
-                        text = _choice_text(choice, is_chat)
+                        text = choice_text(choice, is_chat)
                         if text:
                             if t_first is None:
                                 t_first = time.perf_counter()
@@ -264,8 +264,9 @@ class RemoteModel:
         yield Event("done", finish_reason=finish, timings=timings)
 
 
-def _choice_text(choice: dict, is_chat: bool) -> str:
+def choice_text(choice: dict, is_chat: bool) -> str:
+    """The text of one streamed choice: a chat chunk's delta content, a completion chunk's text."""
     if is_chat:
-        delta = choice.get("delta") or {}
-        return delta.get("content") or "" if isinstance(delta, dict) else ""
+        delta = choice.get("delta")
+        return (delta.get("content") or "") if isinstance(delta, dict) else ""
     return choice.get("text") or ""

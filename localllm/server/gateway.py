@@ -24,6 +24,7 @@ from starlette.responses import Response, StreamingResponse
 from ..engine.sequence import Event, Timings
 from ..remote.client import CONNECT_TIMEOUT, connect_reason, error_text
 from ..remote.config import Remote
+from ..remote.model import choice_text as _choice_text
 from . import protocol as p
 
 log = logging.getLogger(__name__)
@@ -163,8 +164,7 @@ class RemoteHandle:
                     return
                 usage = chunk.get("usage") or usage
                 for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {} if self.chat else choice
-                    text = (delta.get("content") if self.chat else delta.get("text")) or ""
+                    text = _choice_text(choice, self.chat)
                     if text:
                         t_first = t_first or time.perf_counter()
                         yield Event("token", text=text, token=-1)  # counted as a token; the id stays remote

@@ -130,3 +130,16 @@ def test_list_shows_remote_models_beside_local_ones(tmp_path, gemma_path):
     assert remotes[0] == {"name": "remote:gpu", "remote": True, "url": "http://gpu-box:8000/v1",
                           "model": "meta-llama/Llama-3.1-8B-Instruct", "engine": "vllm"}
     assert remotes[2]["route"] == ["remote:laptop", gemma_path]
+
+
+def test_run_follows_a_route_past_an_unreachable_remote_with_a_one_line_notice(tmp_path, gemma_path):
+    port = free_port()
+    env = {**os.environ, "LOCALLLM_CONFIG": str(write_config(tmp_path, gemma_path, port=port))}
+    routed = subprocess.run([sys.executable, "-m", "localllm.cli.app", "run", "big-model", "The capital of France is",
+                             "-n", "6", "--temperature", "0"], capture_output=True, text=True, env=env, timeout=120)
+    local = subprocess.run([sys.executable, "-m", "localllm.cli.app", "run", gemma_path, "The capital of France is",
+                            "-n", "6", "--temperature", "0"], capture_output=True, text=True, env=env, timeout=120)
+    assert routed.returncode == 0 and local.returncode == 0, routed.stderr
+    assert routed.stdout == local.stdout and routed.stdout.strip()  # the local model answered
+    assert routed.stderr == (f"note: remote:laptop for 'big-model' is unreachable (connection refused); "
+                             f"trying {gemma_path}\n")
