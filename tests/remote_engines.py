@@ -75,18 +75,18 @@ def llama_cpp_python() -> str:
     return python if found.returncode == 0 else ""
 
 
-def start_llama_cpp(tmp: Path, python: str, model: str) -> Engine:
-    """`python -m llama_cpp.server` on `model`, once its /v1/models answers."""
+def start_llama_cpp(tmp: Path, python: str, model: str, api_key: str) -> Engine:
+    """`python -m llama_cpp.server` on `model` with an API key, once its /v1/models answers."""
     port = free_port()
     log = tmp / "llama_cpp_server.log"
     command = [python, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-               "--n_ctx", "1024", "--n_threads", "2", "--model_alias", "gemma"]
+               "--n_ctx", "1024", "--n_threads", "2", "--model_alias", "gemma", "--api_key", api_key]
     process = subprocess.Popen(command, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/models", timeout=2).status_code == 200:
+            if httpx.get(url + "/models", timeout=2, headers={"Authorization": f"Bearer {api_key}"}).status_code == 200:
                 return Engine(process, url, log)
         except httpx.HTTPError:
             pass

@@ -77,7 +77,7 @@ class RemoteRoutes:
         for remote in remotes:
             try:
                 sent = dict(body, model=await self._model_name(remote))
-                headers = {"Authorization": f"Bearer {remote.api_key()}"} if remote.api_key() else {}
+                headers = _auth(remote)
                 timeout = httpx.Timeout(remote.timeout, connect=min(CONNECT_TIMEOUT, remote.timeout))
                 request = self._client().build_request("POST", remote.url + path, json=sent, headers=headers,
                                                        timeout=timeout)
@@ -92,12 +92,15 @@ class RemoteRoutes:
         if remote.model:
             return remote.model
         if remote.url not in self._served:
-            response = await self._client().get(remote.url + "/models", headers=(
-                {"Authorization": f"Bearer {remote.api_key()}"} if remote.api_key() else {}))
-            data = response.json().get("data") if response.status_code == 200 else None
-            if not data:
-                raise p.APIError(502, f"{remote.label} lists no models: name one in its route", type="server_error")
-            self._served[remote.url] = data[0]["id"]
+            response = await self._client().get(remote.url + "/models", headers=_auth(remote))
+            try:
+                first = response.json()["data"][0]["id"] if response.status_code == 200 else None
+            except (ValueError, KeyError, IndexError, TypeError):
+                first = None
+            if not isinstance(first, str):
+                raise p.APIError(502, f"{remote.label} lists no models ({response.status_code}): name one in its route",
+                                 type="server_error")
+            self._served[remote.url] = first
         return self._served[remote.url]
 
     async def proxy(self, remotes, path: str, body: dict) -> Response:
@@ -191,6 +194,12 @@ class RemoteHandle:
             import asyncio
 
             asyncio.ensure_future(self.response.aclose())
+
+
+def _auth(remote: Remote) -> dict:
+    """The remote's own key (from its environment variable), never the client's."""
+    key = remote.api_key()
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _status_api_error(remote: Remote, status: int, content: bytes, retry_after: Optional[str]) -> p.APIError:

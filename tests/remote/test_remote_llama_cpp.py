@@ -20,6 +20,7 @@ from localllm.remote.model import RemoteModel
 from remote_engines import llama_cpp_python, start_llama_cpp
 
 PROMPT = "The three primary colors are"
+KEY = "llama-cpp-test-key-71d0"
 
 
 @pytest.fixture(scope="module")
@@ -28,13 +29,18 @@ def llama_server(tmp_path_factory, gemma_path):
     if not python:
         pytest.skip("llama-cpp-python's server is not installed (pip install 'llama-cpp-python[server]', or set "
                     "LLAMA_CPP_SERVER_PYTHON to a Python that has it)")
-    engine = start_llama_cpp(tmp_path_factory.mktemp("llama_cpp"), python, gemma_path)
+    engine = start_llama_cpp(tmp_path_factory.mktemp("llama_cpp"), python, gemma_path, KEY)
     yield engine
     engine.stop()
 
 
+@pytest.fixture
+def keyed(monkeypatch):
+    monkeypatch.setenv("LOCALLLM_REMOTE_API_KEY", KEY)
+
+
 def own(engine, path: str, body: dict) -> dict:
-    answer = httpx.post(engine.url + path, json=body, timeout=120)
+    answer = httpx.post(engine.url + path, json=body, timeout=120, headers={"Authorization": f"Bearer {KEY}"})
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -43,7 +49,7 @@ def test_greedy_run_through_llama_cpp_equals_its_own_answer(llama_server):
     expected = own(llama_server, "/completions", {"prompt": PROMPT, "max_tokens": 24, "temperature": 0})
     result = subprocess.run([sys.executable, "-m", "localllm.cli.app", "run", f"remote:{llama_server.url}", PROMPT, "-n",
                              "24", "--temperature", "0", "--json"], capture_output=True, text=True, timeout=120,
-                            env=dict(os.environ))
+                            env=dict(os.environ, LOCALLLM_REMOTE_API_KEY=KEY))
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert data["text"] == expected["choices"][0]["text"] and len(data["text"]) > 20
@@ -52,7 +58,7 @@ def test_greedy_run_through_llama_cpp_equals_its_own_answer(llama_server):
     assert data["timings"]["generated_tokens"] == expected["usage"]["completion_tokens"] == 24
 
 
-def test_llama_cpp_streams_stops_and_chats_as_it_answers_itself(llama_server):
+def test_llama_cpp_streams_stops_and_chats_as_it_answers_itself(llama_server, keyed):
     model = localllm.load(f"remote:{llama_server.url}")
     assert isinstance(model, RemoteModel) and model.model_name == "gemma" and model.engine == "openai"
     expected = own(llama_server, "/completions", {"prompt": PROMPT, "max_tokens": 48, "temperature": 0, "stop": ["."]})
@@ -68,3 +74,10 @@ def test_llama_cpp_streams_stops_and_chats_as_it_answers_itself(llama_server):
     # plain OpenAI fields only to an engine not known to take more: a changed top_k is refused, not dropped
     with pytest.raises(localllm.remote.model.RemoteUnsupported, match="takes no top_k"):
         model.generate(PROMPT, top_k=5)
+
+
+def test_llama_cpp_refusing_the_key_is_one_line(llama_server):
+    result = subprocess.run([sys.executable, "-m", "localllm.cli.app", "run", f"remote:{llama_server.url}", PROMPT],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, LOCALLLM_REMOTE_API_KEY="no"))
+    assert result.returncode == 1 and result.stdout == "" and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: remote:{llama_server.url} refused the request (401, API key)")
