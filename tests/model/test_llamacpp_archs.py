@@ -84,17 +84,22 @@ def compare_logits(model, recorded, arch: str, qtype: str) -> tuple[float, bool,
     share of rows compared: all but a mixture of experts' unclear routes). Also run by
     scripts/check_archs_on_backend.py for other backends."""
     ref = recorded[f"logits_{qtype}"].astype(np.float32)
-    floats = qtype in ("F32", "F16")
-    margins = route_margins(model) if TINY_ARCHS[arch].n_expert else None
+    routed = routed_rows(model, arch, qtype, len(ref))
     ours = np.concatenate([model.logits(p) for p in ORACLE_PROMPTS])
-    routed = np.ones(len(ref), dtype=bool)
-    if margins is not None:
-        routed = np.concatenate([np.min(m, axis=0) for m in margins]) >= (FLOAT_ROUTE_MARGIN if floats else ROUTE_MARGIN)
     ours, ref = ours[routed], ref[routed]
     rel = float(np.abs(ours - ref).max() / np.abs(ref).max())
     top2 = np.sort(ref, axis=-1)[:, -2:]
     clear = top2[:, 1] - top2[:, 0] >= CLEAR_MARGIN
     return rel, bool((ours.argmax(-1) == ref.argmax(-1))[clear].all()), float(routed.mean())
+
+
+def routed_rows(model, arch: str, qtype: str, n_rows: int) -> np.ndarray:
+    """bool[n_rows] over the oracle prompts' rows: all of them, but for a mixture of experts only the rows
+    whose every route is clear as our engine routes them (route_margins)."""
+    if not TINY_ARCHS[arch].n_expert:
+        return np.ones(n_rows, dtype=bool)
+    margin = FLOAT_ROUTE_MARGIN if qtype in ("F32", "F16") else ROUTE_MARGIN
+    return np.concatenate([np.min(m, axis=0) for m in route_margins(model)]) >= margin
 
 
 def route_margins(model) -> list:
