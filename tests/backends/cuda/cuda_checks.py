@@ -27,6 +27,7 @@ FULL = os.environ.get("LOCALLLM_CUDA_FULL") == "1"
 if not FULL and os.environ.get("NUMBA_ENABLE_CUDASIM") != "1":
     raise RuntimeError("run through tests/backends/cuda/test_cuda_sim.py, or set LOCALLLM_CUDA_FULL=1 on a GPU machine")
 
+import reference_forward  # noqa: E402
 import tiny_models  # noqa: E402
 from localllm.backends import Weight, create_backend  # noqa: E402
 
@@ -151,8 +152,14 @@ def test_tiny_model_greedy_tokens_equal_cpu(tmp_path, cpu, gpu, arch, qtype):
         cls = architecture_class(reader.architecture)
         ref_tokens, ref_logits = greedy(cls(reader, cpu, n_vocab), prompt, 4 if FULL else 2)
         tokens, logits = greedy(cls(reader, gpu, n_vocab), prompt, 4 if FULL else 2)
+        # the float64 reference's logits at the same positions (the prompt's last, then each step's)
+        exact = reference_forward.forward(reader, prompt + ref_tokens)[len(prompt) - 1 :]
     assert tokens == ref_tokens
-    assert nmse(logits, ref_logits) <= NMSE_BOUND
+    # Within the bound of the CPU's logits, or no further from the exact ones than the CPU's are: the CPU
+    # rounds activations to 8 bits before a quantized product, the device multiplies them in float32, and
+    # through a whole model that alone can exceed the bound (gemma3-Q4_0 on a GPU: 5.3e-4 from the CPU).
+    assert nmse(logits, ref_logits) <= NMSE_BOUND or nmse(logits, exact) <= nmse(ref_logits, exact), (
+        nmse(logits, ref_logits), nmse(logits, exact), nmse(ref_logits, exact))
     assert len(set(ref_tokens)) > 1 or np.ptp(ref_logits[0]) > 0  # a model that says something
 
 
