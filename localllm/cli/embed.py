@@ -28,8 +28,8 @@ def embed(
     yes: bool = typer.Option(False, "--yes", "-y", help="Download the model without asking if it is not local."),
 ) -> None:
     """Print the embedding of each TEXT: one line of space-separated numbers per text, or --json."""
-    import localllm
-    from ..hub.resolve import resolve_model
+    from ..api import load_path
+    from ..remote.config import Remote
 
     if pooling is not None and pooling not in POOLINGS:
         raise typer.BadParameter(f"--pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
@@ -42,13 +42,16 @@ def embed(
         inputs += [line for line in _read_text(file).splitlines() if line.strip()]
     if not inputs:
         raise typer.BadParameter("give at least one TEXT (or --file, or '-' for stdin)")
-    with ui.pull_progress() as progress:
-        path = resolve_model(model, allow_pull=ui.download_consent(yes), progress=progress)
-    llm = localllm.load(path, n_ctx=ctx, threads=threads, backend=backend)
+    target = opt.target(model, yes)
+    if isinstance(target, Remote):
+        llm = opt.remote_model(target, ctx=ctx, pooling=pooling, no_normalize=no_normalize, truncate=truncate)
+        name = llm.label
+    else:
+        llm, name = load_path(target, n_ctx=ctx, threads=threads, backend=backend), Path(target).name
     result = llm.embeddings(inputs, normalize=not no_normalize, pooling=pooling, truncate=truncate)
     if json_out:
         ui.print_json({
-            "model": Path(path).name,
+            "model": name,
             "pooling": result.pooling,
             "normalized": not no_normalize,
             "dimensions": int(result.vectors.shape[1]),

@@ -53,7 +53,7 @@ def resolve_model(name: Optional[str], *, allow_pull: AllowPull = None, progress
         return default_model_path()
     if name.strip().lower().startswith("remote:"):  # remote/config.py's references
         raise ModelNotFound(f"'{name}' is a remote model, and this needs a local .gguf file (remote models work "
-                            "with chat, run, bench, show and serve --route)")
+                            "with chat, run, bench, embed, show and serve --route)")
     found = resolve_local(name)
     if found is not None:
         return found

@@ -146,6 +146,39 @@ class RemoteModel:
     def new_session(self):
         raise self._local_only("a session (a KV cache of its own)")
 
+    # -- embeddings --
+    def embeddings(self, inputs, *, normalize: bool = True, pooling: Optional[str] = None, truncate: bool = False,
+                   dimensions: Optional[int] = None):
+        """Model.embeddings through the remote's /embeddings: one vector per input (a text, token ids, or a
+        list of either). The engine pools and normalises as it does for every client; asking for another
+        pooling, unnormalised vectors or truncation is refused. Token counts per input are not reported
+        by the API (None each; the total is in the answer's usage)."""
+        import numpy as np
+
+        from ..embeddings import Embeddings
+
+        for given, what in ((pooling is not None, "a pooling"), (not normalize, "unnormalised vectors"),
+                            (truncate, "truncation")):
+            if given:
+                raise RemoteUnsupported(f"{what} cannot be asked of {self.label}: its engine pools and normalises")
+        single = isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int))
+        items = [inputs] if single else list(inputs)
+        body = {"model": self.model_name, "input": items, "encoding_format": "float"}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        answer = self.client.post_json("/embeddings", body)
+        try:
+            rows = sorted(answer["data"], key=lambda row: row["index"])
+            vectors = np.array([row["embedding"] for row in rows], dtype=np.float32)
+        except (KeyError, TypeError, ValueError):
+            raise RemoteError(f"{self.label} answered /embeddings without a list of vectors") from None
+        if vectors.ndim != 2 or len(vectors) != len(items):
+            raise RemoteError(f"{self.label} answered {len(vectors)} vectors for {len(items)} inputs")
+        return Embeddings(vectors, [None] * len(items), "as the remote engine pools")
+
+    def embed(self, inputs, **options):
+        return self.embeddings(inputs, **options).vectors
+
     # -- generation --
     def generate(
         self,

@@ -95,6 +95,9 @@ async def openai_embeddings(api, request: Request) -> Response:
     try:
         api.authorize(request)
         body = await api.body(request)
+        remotes = api.routes.find(body.get("model"))
+        if remotes:  # a routed model: the remote's answer (server/gateway.py)
+            return await api.routes.proxy(remotes, "/embeddings", body)
         model_id = p.check_model(body, api.config.model_ids)
         inputs = openai_inputs(body)
         encoding = body.get("encoding_format") or "float"

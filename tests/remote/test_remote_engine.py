@@ -102,6 +102,20 @@ def test_load_gives_a_remote_model_whose_events_stream_as_a_local_models_do(remo
     model.close()
 
 
+def test_embeddings_through_the_remote_are_the_engines_own(remote, keyed):
+    texts = ["A red apple.", "The sea at night."]
+    expected = own(remote, "/embeddings", {"input": texts})
+    model = localllm.load(f"remote:{remote.url}")
+    result = model.embeddings(texts)
+    assert result.vectors.shape == (2, 640) and result.token_counts == [None, None]
+    assert result.vectors.tolist() == [row["embedding"] for row in expected["data"]]
+    with pytest.raises(RemoteUnsupported, match="a pooling cannot be asked"):
+        model.embeddings(texts, pooling="mean")
+    printed = cli("embed", f"remote:{remote.url}", texts[0], "--json")
+    assert printed.returncode == 0, printed.stderr
+    assert json.loads(printed.stdout)["embeddings"] == [expected["data"][0]["embedding"]]
+
+
 def test_what_only_a_local_model_can_do_is_refused_not_faked(remote, keyed):
     model = localllm.load(f"remote:{remote.url}")
     for options in ({"top_logprobs": 2}, {"session": object()}, {"context_shift": True}, {"typical_p": 0.5}):
@@ -276,6 +290,10 @@ def test_the_gateway_answers_for_remote_and_local_models_and_never_logs_a_key(ga
     answer = client.completions.create(model="big", prompt=PROMPT, max_tokens=12, temperature=0)
     assert answer.choices[0].text == own(remote, "/completions", {"prompt": PROMPT, "max_tokens": 12,
                                                                   "temperature": 0})["choices"][0]["text"]
+
+    # embeddings, passed through
+    vectors = client.embeddings.create(model="big", input=["A red apple."]).data[0].embedding
+    assert vectors == own(remote, "/embeddings", {"input": ["A red apple."]})["data"][0]["embedding"]
 
     # Ollama's API, translated
     ollama_client = ollama.Client(host=gateway.url.removesuffix("/v1"), headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
