@@ -322,6 +322,54 @@ class Speculation:
 assert MAX_DRAFT + 1 <= MAX_VERIFY_ROWS
 
 
+def draft_size(length: DraftLength, out, position: int, n_ctx: int, cap: int = MAX_DRAFT) -> int:
+    """How many tokens a sequence drafts in this step (0: none; the length idles then): at most its
+    DraftLength's k and `cap`, and as many as leave room for the token after them in the context (the
+    sampled token goes to `position`) and in its token budget (out: its SequenceOutput)."""
+    if length.k == 0:  # drafts have been mostly refused: none this step
+        length.idle()
+        return 0
+    k = min(length.k, cap, n_ctx - position - 2)
+    if out.max_tokens is not None:
+        k = min(k, out.max_tokens - out.generated - 1)
+    return max(k, 0)
+
+
+@dataclass
+class Verdict:
+    """What one step's rows gave: the events, the tokens emitted (in order), how many drafts were kept as
+    they were (their rows ran: their K, V and state are the sequence's) and how many the rule accepted."""
+
+    events: list
+    tokens: list
+    kept: int = 0
+    accepted: int = 0
+
+
+def accept_rows(sampler, out, logits, drafts: list, probs, position: int, verdict: Optional[Verdict] = None) -> Verdict:
+    """Row by row over logits [1 + len(drafts), vocab] (the rows of the last sampled token, at `position`,
+    and of the drafts): the acceptance rule (Sampler.verify) keeps a draft or emits its own token and ends;
+    a row after every draft kept gives one more token. Each token goes through out.accept (the sequence's
+    history, stop strings and limits), which may end the sequence. probs: a sampled draft model's q rows,
+    else None (one-hot drafts). `verdict`: the caller's, filled as the rows go (what came before a
+    SamplingError stays in it)."""
+    verdict = Verdict([], []) if verdict is None else verdict
+    for i in range(len(drafts) + 1):
+        if i < len(drafts):
+            token, hit = sampler.verify(logits[i], out.ids, drafts[i], None if probs is None else probs[i])
+        else:
+            token, hit = sampler.sample(logits[i], out.ids), False
+        event = out.accept(token, logits[i], position + 1 + i)
+        verdict.tokens.append(token)
+        if event is not None:
+            verdict.events.append(event)
+        verdict.accepted += hit
+        if not hit or out.finish is not None:
+            break
+        verdict.kept += 1
+    return verdict
+
+
 def speculative_steps(decoder, session, out, sampler, drafters, first_logits, length: DraftLength, stats: SpeculationStats):
     """The decode loop of `generate_tokens` with speculation: yields the token events. `out`: the
     SequenceOutput (engine/sequence.py), its history `out.ids`; first_logits: the prompt's last row;
@@ -330,16 +378,11 @@ def speculative_steps(decoder, session, out, sampler, drafters, first_logits, le
     event = out.accept(token, first_logits, len(session.tokens))
     if event is not None:
         yield event
-    cache, n_ctx = session.cache, out.n_ctx
+    cache = session.cache
     rows = np.zeros(MAX_DRAFT + 1, dtype=np.int32)
     while out.finish is None:
         position = len(session.tokens)  # where `token` goes
-        room = n_ctx - position - 2  # drafts whose position and next leave the context unfilled
-        budget = None if out.max_tokens is None else out.max_tokens - out.generated - 1
-        k = max(0, min(length.k, room, budget if budget is not None else length.k))
-        if length.k == 0:
-            length.idle()
-        drafts, probs = propose(drafters, out.ids, k)
+        drafts, probs = propose(drafters, out.ids, draft_size(length, out, position, out.n_ctx))
         n = len(drafts) + 1
         rows[0] = token
         rows[1:n] = drafts
@@ -348,29 +391,18 @@ def speculative_steps(decoder, session, out, sampler, drafters, first_logits, le
             logits = decoder.verify(rows[:n], position, cache)
         else:
             logits = decoder.forward(rows[:1], position, cache)
-        session.tokens.append(token)
-        kept = accepted_drafts = 0
-        for i in range(n):
-            if i < len(drafts):
-                token, accepted = sampler.verify(logits[i], out.ids, drafts[i], None if probs is None else probs[i])
-            else:
-                token, accepted = sampler.sample(logits[i], out.ids), False
-            event = out.accept(token, logits[i], len(session.tokens))
-            if event is not None:
-                yield event
-            accepted_drafts += accepted
-            if not accepted or out.finish is not None:
-                break
-            kept += 1  # the draft's row ran: its K and V (and state) are this sequence's
-            session.tokens.append(token)
+        verdict = accept_rows(sampler, out, logits, drafts, probs, position)
+        yield from verdict.events
+        session.tokens += [token, *verdict.tokens[: verdict.kept]]
+        token = verdict.tokens[-1]
         if drafts:
             stats.drafted += len(drafts)
-            stats.accepted += accepted_drafts
+            stats.accepted += verdict.accepted
             stats.steps += 1
-            length.update(len(drafts), kept)
-            if kept < len(drafts) and cache.states is not None:  # recurrent layers: back to the kept tokens
+            length.update(len(drafts), verdict.kept)
+            if verdict.kept < len(drafts) and cache.states is not None:  # recurrent layers: back to the kept tokens
                 cache.restore_state()
-                decoder.verify(rows[: kept + 1], position, cache)
+                decoder.verify(rows[: verdict.kept + 1], position, cache)
 
 
 def propose(drafters, history: list, k: int) -> tuple[list, Optional[list]]:

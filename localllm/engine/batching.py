@@ -50,7 +50,8 @@ from ..errors import ContextOverflow, LocalLLMError
 from ..model.decoder import MAX_VERIFY_ROWS
 from ..model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks
 from ..sampling import Sampler, SamplingConfig, SamplingError
-from ..speculative import DraftLength, DraftModel, PromptLookup, Speculation, propose
+from ..speculative import (DraftLength, DraftModel, PromptLookup, Speculation, Verdict, accept_rows, draft_size,
+                           propose)
 from .sequence import PREFILL_CHUNK, Event, SequenceOutput, Timings
 
 DEFAULT_CACHE_MB = 512
@@ -426,15 +427,9 @@ class Engine:
         seq.probs = None
         if not seq.drafters:
             return []
-        out, position = seq.out, len(seq.ids) - 1  # where the last sampled token goes
-        if seq.length.k == 0:  # drafts have been mostly refused: none this step (DraftLength)
-            seq.length.idle()
-            return []
-        k = min(seq.length.k, self.seq_ctx - position - 2, MAX_VERIFY_ROWS - (len(seq.ids) - seq.n_past))
-        if out.max_tokens is not None:
-            k = min(k, out.max_tokens - out.generated - 1)
-        if k <= 0:
-            return []
+        position = len(seq.ids) - 1  # where the last sampled token goes
+        rows_before = len(seq.ids) - seq.n_past  # kept rows a refusal left to run again (_verify)
+        k = draft_size(seq.length, seq.out, position, self.seq_ctx, cap=MAX_VERIFY_ROWS - rows_before)
         drafts, seq.probs = propose(seq.drafters, seq.ids, k)  # probs: a sampled draft model's q, else None
         return drafts
 
@@ -450,28 +445,19 @@ class Engine:
         it, so exact). Those rows count in the next step's MAX_VERIFY_ROWS (_draft)."""
         out, drafts, start = seq.out, seq.drafts, seq.n_past
         position = len(seq.ids) - 1  # the first logits row's token's position
-        kept = accepted = emitted = 0
+        verdict, failed = Verdict([], []), False
         try:
-            for i in range(len(drafts) + 1):
-                if i < len(drafts):
-                    q = None if seq.probs is None else seq.probs[i]
-                    token, hit = seq.sampler.verify(logits[i], seq.ids, drafts[i], q)
-                else:
-                    token, hit = seq.sampler.sample(logits[i], seq.ids), False
-                event = out.accept(token, logits[i], position + 1 + i)
-                emitted += 1
-                if event is not None:
-                    seq.handle.push(event)
-                accepted += hit
-                if not hit or out.finish is not None:
-                    break
-                kept += 1  # the draft's row ran: its K and V (and state) are this sequence's
+            accept_rows(seq.sampler, out, logits, drafts, seq.probs, position, verdict)
         except SamplingError as exc:  # this request's settings leave no token (e.g. its grammar): it alone fails
-            seq.handle.push(Event("error", text=str(exc)))
+            verdict.events.append(Event("error", text=str(exc)))
+            failed = True
+        for event in verdict.events:
+            seq.handle.push(event)
+        self.stats.generated(len(verdict.tokens))
+        if failed:
             self._finish(seq)
             return
-        finally:
-            self.stats.generated(emitted)
+        kept, accepted = verdict.kept, verdict.accepted
         seq.n_past = position + 1 + kept
         if drafts:
             seq.timings.draft_tokens += len(drafts)
