@@ -106,13 +106,23 @@ def build_app(model, options: ServeOptions, model_id: Optional[str] = None):
 
 
 def _draft_model(model, options: ServeOptions):
-    """The draft model of options.draft, loaded with the model's context (None without one)."""
+    """The draft model of options.draft, loaded with the model's context (None without one); a LocalLLMError
+    when the KV caches it takes (one per decoding sequence, options.parallel at most) would not fit in the
+    memory available now (NumPy allocates them lazily: too many would fail later, mid-request)."""
     if not options.draft:
         return None
-    import localllm
+    from ..api import load_path
+    from ..host import available_memory
     from ..hub.resolve import resolve_model
 
-    return localllm.load(resolve_model(options.draft), n_ctx=model.n_ctx, threads=options.threads)
+    draft = load_path(resolve_model(options.draft), n_ctx=model.n_ctx, threads=options.threads)
+    needed, available = draft.memory.kv_bytes * options.parallel, available_memory()
+    if needed > available:
+        draft.close()
+        raise LocalLLMError(f"--draft: {options.parallel} sequences' KV caches of the draft model need "
+                            f"{needed / 2**30:.1f} GiB ({draft.memory.kv_bytes / 2**20:.0f} MiB each for {model.n_ctx} "
+                            f"tokens) and {available / 2**30:.1f} GiB is available: lower --parallel or --ctx")
+    return draft
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

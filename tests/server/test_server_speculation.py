@@ -55,3 +55,15 @@ def test_concurrent_copying_requests_with_lookup_equal_generate_alone(model):
     assert all(len(logprobs) == MAX_TOKENS for _, logprobs in expected)
     assert drafted >= accepted > MAX_TOKENS  # the answers copy their prompts: many drafts kept
     assert steps < MAX_TOKENS  # fewer steps than tokens per request
+
+
+def test_a_draft_model_whose_caches_would_not_fit_is_refused_before_serving(model, gemma_path, monkeypatch):
+    import localllm.host
+    from localllm.errors import LocalLLMError
+    from localllm.server.runner import build_app
+
+    # each decoding sequence holds a KV cache of the draft's (4 here); 1 MiB of memory holds none of them
+    monkeypatch.setattr(localllm.host, "available_memory", lambda: 2**20)
+    with pytest.raises(LocalLLMError, match=r"--draft: 4 sequences' KV caches of the draft model need .* GiB .*"
+                                            r"and 0.0 GiB is available: lower --parallel or --ctx"):
+        build_app(model, ServeOptions(port=0, parallel=4, draft=gemma_path))
