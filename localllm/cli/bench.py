@@ -47,7 +47,7 @@ def bench(
     from ..remote.config import Remote
 
     progress = None if json_out else (lambda msg: ui.status(f"running {msg}"))
-    target = opt.target(model)
+    target = opt.target(model, pull=False)  # bench never downloads (no --yes)
     if isinstance(target, Remote):
         from ..remote.bench import bench_remote
 

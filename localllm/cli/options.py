@@ -79,14 +79,16 @@ def speculation(llm, lookup: bool, draft: Optional[str], draft_max: int, threads
     return spec
 
 
-def target(model: Optional[str], yes: bool = False):
-    """What MODEL names (remote/routing.py): a local file (pulled first if the user agrees) or a Remote; each
-    target a route passes over is announced in one line on stderr."""
+def target(model: Optional[str], yes: bool = False, pull: bool = True):
+    """What MODEL names (remote/routing.py): a local file (with `pull`, pulled first if the user agrees; without,
+    one not downloaded yet is an error naming `localllm pull`) or a Remote; each target a route passes over is
+    announced in one line on stderr."""
     from ..remote.routing import resolve_target
     from . import ui
 
     with ui.pull_progress() as progress:
-        return resolve_target(model, allow_pull=ui.download_consent(yes), progress=progress, notify=ui.notice)
+        return resolve_target(model, allow_pull=ui.download_consent(yes) if pull else None, progress=progress,
+                              notify=ui.notice)
 
 
 def remote_model(remote, **local_options):
