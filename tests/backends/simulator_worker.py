@@ -19,6 +19,10 @@ def serve(requests, replies) -> None:
     import conformance_runs
     from localllm.backends import create_backend
 
+    if os.environ.get("LOCALLLM_CUDA_SIGNATURES"):  # scripts/cuda_signatures.py: note every launch's types
+        from localllm.backends.cuda.ptx_check import record_launches
+
+        record_launches(os.environ["LOCALLLM_CUDA_SIGNATURES"])
     backend = create_backend("cuda")
     while True:
         try:
