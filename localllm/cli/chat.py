@@ -273,39 +273,28 @@ class Repl:
     def _print_settings(self) -> None:
         conversation = self.conversation
         model = conversation.model
-        if getattr(model, "is_remote", False):
-            self._print_remote_settings()
-            return
+        remote = getattr(model, "is_remote", False)
         for key, value in vars(conversation.settings).items():
-            if key == "repeat_penalty" and value is None:
-                value = f"{model.chat_repeat_penalty()} (the model's default)"
+            if key == "repeat_penalty" and value is None:  # a remote model: not sent, the engine's own applies
+                value = "the engine's default" if remote else f"{model.chat_repeat_penalty()} (the model's default)"
             if key == "grammar" and value is not None:  # the whole GBNF text would flood the screen
                 value = f"{value.count(chr(10)) + 1} lines of GBNF (--grammar / --json-schema)"
             ui.console.print(f"  {key:<15} {value}", markup=False)
-        ui.console.print(f"  {'ctx':<15} {model.n_ctx} (trained on {model.trained_ctx})")
-        ui.console.print(f"  {'template':<15} {model.chat_template.name}"
-                         + (" (base model: a plain transcript)" if model.is_base_model else ""))
+        if remote:  # what the remote says of itself (its model list), in place of the file's context and template
+            for key, value in model.describe().items():
+                ui.console.print(f"  {key:<15} {value if value is not None else 'not reported'}", markup=False)
+        else:
+            ui.console.print(f"  {'ctx':<15} {model.n_ctx} (trained on {model.trained_ctx})")
+            ui.console.print(f"  {'template':<15} {model.chat_template.name}"
+                             + (" (base model: a plain transcript)" if model.is_base_model else ""))
         ui.console.print(f"  {'system':<15} {conversation.system!r}")
-
-    def _print_remote_settings(self) -> None:
-        """The settings of a chat with a remote model (those the remote leaves at its defaults say so)."""
-        conversation = self.conversation
-        for key, value in vars(conversation.settings).items():
-            if key == "repeat_penalty" and value is None:
-                value = "1.0 (off)"
-            if key == "grammar" and value is not None:
-                value = f"{value.count(chr(10)) + 1} lines of GBNF (--grammar)"
-            ui.console.print(f"  {key:<15} {value}", markup=False)
-        for key, value in conversation.model.describe().items():
-            ui.console.print(f"  {key:<15} {value if value is not None else 'not reported'}", markup=False)
-        ui.console.print(f"  {'system':<15} {conversation.system!r}", markup=False)
 
     def _show(self) -> None:
         from ..model.info import describe
 
         model = self.conversation.model
-        if getattr(model, "is_remote", False):
-            self._print_remote_settings()
+        if getattr(model, "is_remote", False):  # no file to describe
+            self._print_settings()
             return
         info = describe(model.reader)
         # the context in use, as the banner and /stats give it, beside the trained length describe() reads

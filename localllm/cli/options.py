@@ -110,16 +110,12 @@ def remote_constraint(grammar_file: Optional[str], json_schema: Optional[str]):
     (response_format), not compiled to a grammar."""
     if grammar_file is None and json_schema is None:
         return None, None
-    from pathlib import Path
-
     if grammar_file is not None:
         return grammar_option(grammar_file, json_schema), None
-    text = json_schema
-    if not text.lstrip().startswith(("{", "[", "true", "false")) or Path(text).is_file():
-        text = _read_text(text, "--json-schema")
-    grammar_option(None, text)  # the same checks as a local model's: a bad schema is a bad parameter here
     import json
 
+    text = _schema_text(json_schema)
+    grammar_option(None, text)  # the same checks as a local model's: a bad schema is a bad parameter here
     return None, json.loads(text)
 
 
@@ -148,12 +144,18 @@ def grammar_option(grammar_file: Optional[str], json_schema: Optional[str]) -> O
         if grammar_file is not None:
             grammar = _read_text(grammar_file, "--grammar")
             return grammar_text(grammar=grammar, json_schema=None if json_schema is None else json_schema)
-        schema = json_schema
-        if not schema.lstrip().startswith(("{", "[", "true", "false")) or Path(schema).is_file():
-            schema = _read_text(schema, "--json-schema")
-        return grammar_text(json_schema=schema)
+        return grammar_text(json_schema=_schema_text(json_schema))
     except GrammarError as exc:
         raise typer.BadParameter(str(exc)) from None
+
+
+def _schema_text(value: str) -> str:
+    """--json-schema's JSON: the value itself when it is inline JSON, else the file it names."""
+    from pathlib import Path
+
+    if value.lstrip().startswith(("{", "[", "true", "false")) and not Path(value).is_file():
+        return value
+    return _read_text(value, "--json-schema")
 
 
 def _read_text(path: str, option: str) -> str:

@@ -16,9 +16,10 @@ from ..generate import Event
 
 
 class _NoSession:
-    """Stands in for the local KV cache's session: the remote keeps its own."""
+    """Stands in for the local KV cache's session: the remote keeps its own (no tokens are ever held)."""
 
-    tokens: list = []
+    def __init__(self) -> None:
+        self.tokens: list = []
 
     def reset(self) -> None:
         pass
@@ -38,13 +39,6 @@ class RemoteConversation(Conversation):
         self._prefill_start = 0
         if system:
             self.set_system(system)
-
-    def regenerate(self) -> Iterator[Event]:
-        if self.messages and self.messages[-1]["role"] == "assistant":
-            self.messages.pop()
-        if not self.messages or self.messages[-1]["role"] != "user":
-            raise LocalLLMError("nothing to regenerate yet")
-        return self._reply()
 
     def _reply(self) -> Iterator[Event]:
         settings = self.settings

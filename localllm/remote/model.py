@@ -260,41 +260,60 @@ class RemoteModel:
         return fields
 
     def _events(self, path: str, body: dict, is_chat: bool) -> Iterator[Event]:
-        timings = Timings()
-        t0 = time.perf_counter()
-        t_first = None
-        finish = usage = None
-        pieces = 0
+        tally = StreamTally(is_chat)
         stream = self.client.stream(path, body)
         try:
             try:
                 for chunk in stream:
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices") or []:
-                        text = choice_text(choice, is_chat)
-                        if text:
-                            if t_first is None:
-                                t_first = time.perf_counter()
-                            pieces += 1
-                            yield Event("token", text=text)
-                        finish = choice.get("finish_reason") or finish
+                    for text in tally.add(chunk):
+                        yield Event("token", text=text)
             except RemoteStreamCut:
-                if finish is None:
+                if tally.finish is None:
                     raise  # an answer that ended cleanly but without [DONE] is whole
         finally:
             stream.close()
-        if finish is None:
+        if tally.finish is None:
             raise RemoteError(f"{self.label} ended the reply without a finish reason")
-        t_end = time.perf_counter()
-        t_first = t_end if t_first is None else t_first
-        timings.time_to_first_token = timings.prompt_seconds = t_first - t0
-        timings.generation_seconds = t_end - t_first
-        usage = usage if isinstance(usage, dict) else {}
-        timings.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        timings.generated_tokens = int(usage.get("completion_tokens") or pieces)
-        details = usage.get("prompt_tokens_details") or {}
+        yield Event("done", finish_reason=tally.finish, timings=tally.timings())
+
+
+class StreamTally:
+    """What a streamed OpenAI answer has said so far: its texts in order (`add`), its finish reason and usage,
+    and the times here (from the request to the first text, and to now) for its Timings. Shared by
+    RemoteModel and the gateway's RemoteHandle."""
+
+    def __init__(self, is_chat: bool):
+        self.is_chat = is_chat
+        self.t0, self.t_first = time.perf_counter(), None
+        self.finish: Optional[str] = None
+        self.usage: dict = {}
+        self.pieces = 0
+
+    def add(self, chunk: dict) -> list:
+        """The texts of one event (a chat chunk's delta contents, a completion chunk's texts)."""
+        if isinstance(chunk.get("usage"), dict):
+            self.usage = chunk["usage"]
+        texts = []
+        for choice in chunk.get("choices") or []:
+            text = choice_text(choice, self.is_chat)
+            if text:
+                self.t_first = self.t_first or time.perf_counter()
+                self.pieces += 1
+                texts.append(text)
+            self.finish = choice.get("finish_reason") or self.finish
+        return texts
+
+    def timings(self) -> Timings:
+        """Token counts from the usage (generated: the texts counted when it has none), times as measured."""
+        now = time.perf_counter()
+        t_first = self.t_first or now
+        timings = Timings(prompt_tokens=int(self.usage.get("prompt_tokens") or 0),
+                          generated_tokens=int(self.usage.get("completion_tokens") or self.pieces))
+        timings.time_to_first_token = timings.prompt_seconds = t_first - self.t0
+        timings.generation_seconds = now - t_first
+        details = self.usage.get("prompt_tokens_details")
         timings.cached_tokens = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
-        yield Event("done", finish_reason=finish, timings=timings)
+        return timings
 
 
 def choice_text(choice: dict, is_chat: bool) -> str:

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Optional
 
 from starlette.responses import Response, StreamingResponse
 
-from ..engine.sequence import Event, Timings
+from ..engine.sequence import Event
 from ..remote.client import CONNECT_TIMEOUT, connect_reason, error_text
 from ..remote.config import Remote
-from ..remote.model import choice_text as _choice_text
+from ..remote.model import StreamTally
 from . import protocol as p
 
 log = logging.getLogger(__name__)
@@ -149,11 +148,9 @@ class RemoteHandle:
         self.remote = remote
         self.response = response
         self.chat = chat
-        self.n_prompt = 0
 
     async def events(self):
-        timings, t0, t_first = Timings(), time.perf_counter(), None
-        finish, usage = None, {}
+        tally = StreamTally(self.chat)
         try:
             async for line in self.response.aiter_lines():
                 if not line.startswith("data:"):
@@ -165,28 +162,17 @@ class RemoteHandle:
                 if chunk.get("error") is not None and not chunk.get("choices"):
                     yield Event("error", text=f"{self.remote.label}: {error_text(payload.encode())}")
                     return
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    text = _choice_text(choice, self.chat)
-                    if text:
-                        t_first = t_first or time.perf_counter()
-                        yield Event("token", text=text, token=-1)  # counted as a token; the id stays remote
-                    finish = choice.get("finish_reason") or finish
+                for text in tally.add(chunk):
+                    yield Event("token", text=text, token=-1)  # counted as a token; the id stays remote
         except Exception as exc:  # noqa: BLE001 - a cut connection or a malformed event ends the answer
             yield Event("error", text=f"{self.remote.label} closed the connection in the middle of the reply ({exc})")
             return
         finally:
             await self.response.aclose()
-        if finish is None:
+        if tally.finish is None:
             yield Event("error", text=f"{self.remote.label} ended the reply without a finish reason")
             return
-        now = time.perf_counter()
-        t_first = t_first or now
-        timings.prompt_seconds = timings.time_to_first_token = t_first - t0
-        timings.generation_seconds = now - t_first
-        timings.prompt_tokens = self.n_prompt = int(usage.get("prompt_tokens") or 0)
-        timings.generated_tokens = int(usage.get("completion_tokens") or 0)
-        yield Event("done", finish_reason=finish, timings=timings)
+        yield Event("done", finish_reason=tally.finish, timings=tally.timings())
 
     def cancel(self) -> None:
         """Close the connection (the remote cancels the request); a no-op once the answer is whole."""

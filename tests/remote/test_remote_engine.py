@@ -250,6 +250,10 @@ def test_chat_through_a_remote_streams_and_ctrl_c_cancels_the_remote_request(rem
         child.expect_exact(">>> ")
         reply = child.before.strip()
         assert reply and "error" not in reply
+        child.sendline("/regen")  # greedy: the same reply again (the remote's cache reuses the prefix)
+        child.expect_exact("/regen\r\n")
+        child.expect_exact(">>> ")
+        assert child.before.strip() == reply
         child.sendline("/stats")
         child.expect(r"reply \d+ tokens at [\d.]+ tok/s · context (\d+)/1024")  # the remote's context, reported
         assert int(child.match.group(1)) > 8
