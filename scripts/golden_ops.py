@@ -45,6 +45,11 @@ day) were recorded from the code that added them, with the two commands
 above from /work/main (OPENBLAS_CORETYPE=Haswell for the avx512_vnni run too: prefill attention's BLAS products
 depend on OpenBLAS's kernel); every other entry came out unchanged.
 
+The avx512_amx entries (2026-11-27, BF16's products moved onto AMX's tiles where the CPU has them) were
+recorded from the code that made the move, on an Intel Xeon with AMX, with the first command above from
+/work/main; every entry but BF16's matmul and matmul_rows ones equals its avx512_vnni twin (checked when
+recorded), those differ by design (amx.py's order).
+
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
 """
@@ -67,13 +72,18 @@ ROWS_ROWS = (2, 5, 17)
 EMBED_IDS = np.array([0, 37, 5, 5, 20], dtype=np.int32)
 
 def vector_isa() -> str:
-    """The host's vector target, as scripts/golden_logits.py names it (the same keys in both files)."""
+    """The host's vector target, as scripts/golden_logits.py names it (the same keys in both files), and
+    "avx512_amx" for an AVX-512 VNNI target whose process may use AMX's tiles: BF16's products run on them
+    there (backends/cpu/quant_kernels/amx.py), other bits."""
     import importlib.util
+
+    from localllm.backends.cpu.quant_kernels import amx
 
     spec = importlib.util.spec_from_file_location("golden_logits", Path(__file__).with_name("golden_logits.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.vector_isa()
+    isa = module.vector_isa()
+    return "avx512_amx" if isa == "avx512_vnni" and amx.available() else isa
 
 
 def rng_for(*tags) -> np.random.Generator:

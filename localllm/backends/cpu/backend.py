@@ -1,7 +1,8 @@
 """The Numba CPU backend's ops: the default backend. Weights stay quantized as in the file: copied at
 load into huge-page memory when the model fits well within the memory, else read in the file's mapping
-(weight_memory.py), except matrices re-laid 16 rows at a time at their first product, their file pages
-then released (matmul.PackedWeights, kept per weight by layouts.WeightLayouts). How many threads each op runs on is
+(weight_memory.py), except matrices re-laid at their first product (16 rows at a time, or in AMX tiles),
+their file pages then released (matmul.PackedWeights and TiledWeights, kept per weight by
+layouts.WeightLayouts). How many threads each op runs on is
 threads.ThreadPolicy's decision; the kernels are in matmul, kernels, attention_decode and attention_blas."""
 
 from __future__ import annotations
@@ -27,12 +28,12 @@ from .matmul import (
     INTEGER_ALWAYS,
     ExpertPack,
     MatmulScratch,
-    PackedWeights,
     blas_min_rows,
     gather_rows_kernel,
     matmul,
     matmul_rows,
     matmul_segments,
+    relaid_layout,
 )
 from .threads import SMALL_ATTENTION_WORK, SMALL_MATVEC_BYTES, ThreadPolicy, configure_openmp_waiting
 from .tiers import BackgroundCompile, fits_basic_tier, prepared
@@ -66,8 +67,9 @@ class CPUBackend(Backend):
         runtime = (runtime or Runtime.resolve()).with_arguments(threads=threads, repack=repack)
         self.runtime = runtime
         self.threads = runtime.threads or host.physical_cores()
-        # Re-lay Q4_K matrices 16 rows at a time at their first product (matmul.PackedWeights), as
-        # llama.cpp repacks; LOCALLLM_REPACK=0 keeps every weight in the file's layout.
+        # Re-lay Q4_K matrices 16 rows at a time at their first product (matmul.PackedWeights), and BF16
+        # ones in AMX tiles where the CPU has them (TiledWeights), as llama.cpp repacks;
+        # LOCALLLM_REPACK=0 keeps every weight in the file's layout.
         self.repack = runtime.repack
         if self.threads < 1:
             raise LocalLLMError(f"threads must be >= 1, got {self.threads}")
@@ -157,7 +159,7 @@ class CPUBackend(Backend):
         if len(weight.shape) >= 2 and quant.is_supported(weight.qtype):
             qt = quant.get(weight.qtype)
             self.thread_policy.matmuls_use_blas |= blas_min_rows(qt) < INTEGER_ALWAYS
-            relaid_later = self.repack and PackedWeights.suits(qt, weight.data)  # its copy is the re-laid one
+            relaid_later = self.repack and relaid_layout(qt, weight.data) is not None  # its copy is the re-laid one
             if self.arena is not None and not relaid_later and not weight.gathered:  # a table read by rows stays mapped
                 return Weight(weight.name, weight.qtype, weight.shape, copy_to_arena(self.arena, weight.data))
         return weight

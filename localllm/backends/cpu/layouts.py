@@ -2,8 +2,8 @@
 
 Two caches, keyed by id(weight), each entry holding the weight itself so that its id cannot be reused by
 another weight while the entry lives:
-- the layout: the weight's re-laid rows (matmul.PackedWeights, made at its first product when the backend
-  repacks and the type and target gain from it), else its mapped bytes;
+- the layout: the weight's re-laid rows (matmul.PackedWeights or TiledWeights, made at its first product
+  when the backend repacks and the type and target gain from it), else its mapped bytes;
 - the one-row plan: what a one-row product looks up per call (type, kernel, activation buffers, thread
   rule), made once: a decode step of Gemma 3 270M makes ~130 one-row products, and the lookups were
   ~4 us of each (~5% of the step).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ... import quant
 from ..base import Weight
-from .matmul import MatmulScratch, PackedWeights, matvec_kernel
+from .matmul import RELAID, MatmulScratch, MatrixRow, matrix_kernel, matvec_kernel, relaid_layout
 from .threads import SMALL_MATVEC_BYTES
 
 
@@ -21,7 +21,7 @@ class WeightLayouts:
     def __init__(self, repack: bool, scratch: MatmulScratch):
         self.repack = repack
         self.scratch = scratch
-        self._layouts: dict[int, tuple] = {}  # id(weight) -> (weight, its PackedWeights or its data)
+        self._layouts: dict[int, tuple] = {}  # id(weight) -> (weight, its re-laid layout or its data)
         self.plans: dict[int, tuple] = {}  # id(weight) -> (weight, kernel, activation, small, packed)
 
     def layout_of(self, w: Weight, basic_tier: bool = False):
@@ -32,23 +32,26 @@ class WeightLayouts:
             if basic_tier:
                 return w.data
             data = w.data
-            if self.repack and quant.is_supported(w.qtype) and PackedWeights.suits(quant.get(w.qtype), data):
-                data = PackedWeights(quant.get(w.qtype), data)
+            layout = relaid_layout(quant.get(w.qtype), data) if self.repack and quant.is_supported(w.qtype) else None
+            if layout is not None:
+                data = layout(quant.get(w.qtype), data)
             entry = self._layouts[id(w)] = (w, data)
         return entry[1]
 
     def recorded(self) -> list:
-        """The layouts made so far (PackedWeights or mapped bytes), in the order they were made."""
+        """The layouts made so far (re-laid layouts or mapped bytes), in the order they were made."""
         return [entry[1] for entry in self._layouts.values()]
 
     def plan_matvec(self, w: Weight, n_in: int, basic_tier: bool = False) -> tuple:
         """Make (and keep in `plans`) w's one-row plan: (w, kernel over the mapped rows, the activation
-        buffers of an n_in-long row, whether w is under SMALL_MATVEC_BYTES, its PackedWeights or None)."""
+        buffers of an n_in-long row, whether w is under SMALL_MATVEC_BYTES, its re-laid layout or None)."""
         qt = quant.get(w.qtype)
         small = w.data.nbytes < SMALL_MATVEC_BYTES
         layout = self.layout_of(w, basic_tier)
-        packed = layout if isinstance(layout, PackedWeights) else None
-        plan = self.plans[id(w)] = (w, matvec_kernel(qt), self.scratch.activation(qt.act, n_in), small, packed)
+        packed = layout if isinstance(layout, RELAID) else None
+        matrix = matrix_kernel(qt, layout)
+        kernel = MatrixRow(matrix) if matrix is not None else matvec_kernel(qt)
+        plan = self.plans[id(w)] = (w, kernel, self.scratch.activation(qt.act, n_in), small, packed)
         return plan
 
     def forget_plans(self) -> None:

@@ -60,6 +60,25 @@ def has_fast_tiles(qt: QuantType) -> bool:
     return kernel_record(qt).tiles is not None and _tiles_available()
 
 
+def matrix_kernel(qt: QuantType, weights):
+    """The type's matrix kernel (KernelRecord.matrix) where it takes this matrix, else None: then every
+    product of the matrix, at every batch size, goes through it."""
+    kernel = kernel_record(qt).matrix
+    if kernel is None or isinstance(weights, RELAID) or not kernel.suits(weights):
+        return None
+    return kernel
+
+
+class MatrixRow:
+    """A matrix kernel in the one-row kernel's call form: (weights, out[N], x[K])."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __call__(self, weights: np.ndarray, out: np.ndarray, x: np.ndarray) -> None:
+        self.kernel.matmul(weights, x[None], out[None], numba.get_num_threads())
+
+
 TILE_ROWS = 512
 
 
@@ -154,7 +173,7 @@ def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.n
     server step with several short prompts, dequantization is most of the cost of a prompt)."""
     k = x.shape[1]
     segments = list(zip(bounds[:-1], bounds[1:]))
-    min_rows = blas_min_rows(qt)
+    min_rows = INTEGER_ALWAYS if matrix_kernel(qt, weights) is not None else blas_min_rows(qt)
     by_blas = [(a, b) for a, b in segments if b - a >= min_rows]
     if by_blas:
         dequant = dequant_rows_kernel(qt)
@@ -179,7 +198,10 @@ def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.n
 
 
 def _integer_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch) -> None:
-    if isinstance(weights, PackedWeights):
+    matrix = matrix_kernel(qt, weights)
+    if matrix is not None:
+        matrix.matmul(weights, x, out, numba.get_num_threads())
+    elif isinstance(weights, RELAID):
         weights.matmul(x, out, scratch, numba.get_num_threads())
     elif x.shape[0] == 1:
         matvec_kernel(qt)(weights, out[0], *scratch.activation(qt.act, x.shape[1]).quantize(x[0]))
@@ -192,7 +214,11 @@ def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarr
     vec_dot over the quantized activation), the weights streamed once for all T rows: through the type's
     tile kernel (the record's `tiles`: weight rows as lanes) for batches of its min_rows rows or more
     where the target has it fast, else the row kernels."""
-    if isinstance(weights, PackedWeights):
+    matrix = matrix_kernel(qt, weights)
+    if matrix is not None:
+        matrix.matmul(weights, x, out, numba.get_num_threads())
+        return
+    if isinstance(weights, RELAID):
         weights.matmul(x, out, scratch, numba.get_num_threads())
         return
     act = scratch.batch_activation(qt.act, x.shape[0], x.shape[1])
@@ -252,6 +278,42 @@ class PackedWeights:
             rest = scratch.tail(rows, self.tail.shape[0])
             row_drivers(self.qt).matvec_rows(self.tail, rest, *args)
             out[:, self.n_packed :] = rest
+
+
+class TiledWeights:
+    """A matrix re-laid for its type's matrix kernel (the kernel record's `matrix`: BF16 on AMX, each
+    step's tiles contiguous, so that the matrix streams in order), made once per weight at its first
+    product as PackedWeights is, the mapped pages then released. Products equal the matrix kernel's on
+    the file's rows bit for bit (the tiles hold the same bytes), so the basic tier, which re-lays
+    nothing, computes the same."""
+
+    def __init__(self, qt: QuantType, weights: np.ndarray):
+        self.qt = qt
+        self.shape = weights.shape
+        self.kernel = kernel_record(qt).matrix
+        self.rows = weights  # N and K for the kernel; its pages are not read again
+        self.packed = self.kernel.pack(weights)
+        release_pages(weights)
+
+    @staticmethod
+    def suits(qt: QuantType, weights: np.ndarray) -> bool:
+        kernel = kernel_record(qt).matrix
+        return kernel is not None and kernel.suits(weights)
+
+    def matmul(self, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch, threads: int) -> None:
+        """out[T, N] = x[T, K] @ W.T (PackedWeights.matmul's form)."""
+        self.kernel.matmul(self.rows, x, out, threads, self.packed)
+
+
+RELAID = (PackedWeights, TiledWeights)  # the layouts that take their products themselves (.matmul)
+
+
+def relaid_layout(qt: QuantType, weights: np.ndarray):
+    """The re-laid layout class a weight takes where the backend repacks (None: its file's rows)."""
+    for layout in RELAID:
+        if layout.suits(qt, weights):
+            return layout
+    return None
 
 
 class ExpertPack:

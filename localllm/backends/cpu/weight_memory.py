@@ -10,7 +10,8 @@ llama.cpp reads its mapping by default (`--no-mmap` reads into ordinary memory).
 
 Why not always: the copy is private memory that cannot be dropped and re-read as the page cache can, so it
 is made only when the model fits well within the memory available (`copies_weights`). Matrices the backend
-re-lays at their first product (matmul.PackedWeights) are left mapped: the re-laid copy is their copy.
+re-lays at their first product (matmul.PackedWeights, TiledWeights) are left mapped: the re-laid copy is
+their copy.
 """
 
 from __future__ import annotations

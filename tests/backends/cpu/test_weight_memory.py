@@ -9,7 +9,7 @@ import pytest
 import localllm
 from localllm import quant
 from localllm.backends.cpu import weight_memory
-from localllm.backends.cpu.matmul import PackedWeights
+from localllm.backends.cpu.matmul import relaid_layout
 from localllm.backends.cpu.weight_memory import ALIGN, CHUNK, HUGE_PAGE, HugePageArena, copies_weights
 from localllm.gguf.reader import GGUFReader
 from localllm.gguf.writer import GGUFWriter
@@ -100,9 +100,10 @@ def _in_file_mapping(array: np.ndarray, model) -> bool:
     return np.shares_memory(array, np.frombuffer(model.reader._mmap, dtype=np.uint8))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K", "BF16"])
 def test_copied_and_mapped_matrices_give_the_same_logits(tmp_path, qtype):
-    """Q4_K: on a target with its re-laid kernels the copy is the re-laid one, so upload leaves it mapped."""
+    """Q4_K (and BF16 on AMX): on a target with its re-laid kernels the copy is the re-laid one, so upload
+    leaves it mapped."""
     path = write_tiny_model(tmp_path / f"m-{qtype}.gguf", "llama", qtype, seed=5)
     ids = np.arange(1, 40, dtype=np.int32)
     logits, models = {}, {}
@@ -114,7 +115,7 @@ def test_copied_and_mapped_matrices_give_the_same_logits(tmp_path, qtype):
     mapped = models["mapped"].decoder.w["blk.0.ffn_up.weight"].data
     copied = models["copied"].decoder.w["blk.0.ffn_up.weight"].data
     assert _in_file_mapping(mapped, models["mapped"])
-    relaid_later = models["copied"].backend.repack and PackedWeights.suits(quant.get(qtype), mapped)
+    relaid_later = models["copied"].backend.repack and relaid_layout(quant.get(qtype), mapped) is not None
     assert _in_file_mapping(copied, models["copied"]) == relaid_later
     assert not copied.flags.writeable  # as the mapping: the kernels compiled for one serve the other
 

@@ -22,6 +22,10 @@ A type's record names everything the CPU backend runs for it (formats: localllm/
             target has AVX-512 VNNI);
     packed: the tile kernel on rows re-laid 16 at a time at load (x16), at every batch size.
 Every multi-row result equals vec_dot's bit for bit, so a row's value does not depend on the batch.
+- `matrix`: where the target has it, a kernel that takes a matrix's products at every batch size, the
+  one-row ones included, in its own order (BF16 on AMX: amx.py): every product of such a matrix goes
+  through it, so a row's value still does not depend on the batch; vec_dot and the multi-row kernels
+  serve the matrices it does not take (`suits`) and the targets without it.
 
 The generated drivers (drivers.py) take every kernel from the record. Adding a type: its kernel module
 here and one entry in `_TABLE`.
@@ -94,6 +98,19 @@ class PackedKernel:
 
 
 @dataclass(frozen=True)
+class MatrixKernel:
+    """matmul(weights, x, out, threads, packed=<none>): out[T, N] = x[T, K] @ W.T for every T >= 1 and
+    all N rows, on `threads` threads, from the rows of `weights` or from their re-laid copy
+    `pack(weights)` (the same bits: the copy only streams faster); suits(weights): whether it takes this
+    matrix on this machine (decided by the matrix's shape and the target alone, so every product of a
+    matrix takes the same kernel)."""
+
+    matmul: Callable
+    suits: Callable
+    pack: Callable
+
+
+@dataclass(frozen=True)
 class KernelRecord:
     qt: QuantType
     vec_dot: Callable
@@ -103,6 +120,7 @@ class KernelRecord:
     rows: Optional[RowKernels] = None
     tiles: Optional[TileKernel] = None
     packed: Optional[PackedKernel] = None
+    matrix: Optional[MatrixKernel] = None
 
     @property
     def name(self) -> str:
@@ -142,7 +160,9 @@ def _f16() -> KernelRecord:
 def _bf16() -> KernelRecord:
     from . import bf16 as k
 
-    return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS))
+    tiles = TileKernel(k.matvec_tiles, k.MIN_ROWS)
+    matrix = MatrixKernel(k.matmul_amx, k.amx_suits, k.amx_pack)
+    return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, tiles=tiles, matrix=matrix)
 
 
 def _q4_0() -> KernelRecord:
