@@ -173,7 +173,8 @@ def matmul_segments(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.n
     server step with several short prompts, dequantization is most of the cost of a prompt)."""
     k = x.shape[1]
     segments = list(zip(bounds[:-1], bounds[1:]))
-    min_rows = INTEGER_ALWAYS if matrix_kernel(qt, weights) is not None else blas_min_rows(qt)
+    by_matrix = isinstance(weights, TiledWeights) or matrix_kernel(qt, weights) is not None
+    min_rows = INTEGER_ALWAYS if by_matrix else blas_min_rows(qt)
     by_blas = [(a, b) for a, b in segments if b - a >= min_rows]
     if by_blas:
         dequant = dequant_rows_kernel(qt)
@@ -282,7 +283,7 @@ class PackedWeights:
 
 class TiledWeights:
     """A matrix re-laid for its type's matrix kernel (the kernel record's `matrix`: BF16 on AMX, each
-    step's tiles contiguous, so that the matrix streams in order), made once per weight at its first
+    tile's 1 KiB contiguous, so that decode streams the matrix in order), made once per weight at its first
     product as PackedWeights is, the mapped pages then released. Products equal the matrix kernel's on
     the file's rows bit for bit (the tiles hold the same bytes), so the basic tier, which re-lays
     nothing, computes the same."""

@@ -364,8 +364,6 @@ def _stream_sums(weights, packed, r0, parts, sums):
     Always asks for the lines ahead (decode reads its matrices from memory)."""
     chunks = parts.shape[2] * 2 // CHUNK
     tiled = packed.shape[0] > 0
-    row_bytes = weights.strides[0]
-    word_rows = parts.strides[2]
     zero_s0()
     zero_s1()
     for c in range(0, chunks, 2):
@@ -378,37 +376,42 @@ def _stream_sums(weights, packed, r0, parts, sums):
 
 
 @inline_kernel
-def _stream_chunk_even(weights, packed, tiled, r0, c, parts):
-    word_rows = parts.strides[2]
-    x_at = c * word_rows * (CHUNK // 2)
+def _stream_weight_at(weights, packed, tiled, r0, c):
+    """The byte offset of the weight tile of rows r0.. at chunk c (in `packed` where `tiled`, else in
+    `weights`), the lines ahead of it asked for."""
     if tiled:
         _prefetch_packed(packed, r0, c)
-    else:
-        _prefetch_rows(weights, r0 + ROWS, ROWS, c)
+        return (r0 // ROWS) * packed.strides[0] + c * packed.strides[1]
+    _prefetch_rows(weights, r0 + ROWS, ROWS, c)
+    return r0 * weights.strides[0] + c * CHUNK_BYTES
+
+
+# The stream's even and odd chunks: the same steps on the two sets of operand registers (tile numbers
+# are immediates, so each set has its own intrinsics).
+@inline_kernel
+def _stream_chunk_even(weights, packed, tiled, r0, c, parts):
+    at = _stream_weight_at(weights, packed, tiled, r0, c)
+    x_at, word_rows = c * parts.strides[2] * (CHUNK // 2), parts.strides[2]
     load_t4(parts, x_at, word_rows)
     load_t5(parts, parts.strides[0] + x_at, word_rows)
     if tiled:
-        load_t2(packed, (r0 // ROWS) * packed.strides[0] + c * packed.strides[1], CHUNK_BYTES)
+        load_t2(packed, at, CHUNK_BYTES)
     else:
-        load_t2(weights, r0 * weights.strides[0] + c * CHUNK_BYTES, weights.strides[0])
+        load_t2(weights, at, weights.strides[0])
     dot_hi_even()
     dot_mid_even()
 
 
 @inline_kernel
 def _stream_chunk_odd(weights, packed, tiled, r0, c, parts):
-    word_rows = parts.strides[2]
-    x_at = c * word_rows * (CHUNK // 2)
-    if tiled:
-        _prefetch_packed(packed, r0, c)
-    else:
-        _prefetch_rows(weights, r0 + ROWS, ROWS, c)
+    at = _stream_weight_at(weights, packed, tiled, r0, c)
+    x_at, word_rows = c * parts.strides[2] * (CHUNK // 2), parts.strides[2]
     load_t6(parts, x_at, word_rows)
     load_t7(parts, parts.strides[0] + x_at, word_rows)
     if tiled:
-        load_t3(packed, (r0 // ROWS) * packed.strides[0] + c * packed.strides[1], CHUNK_BYTES)
+        load_t3(packed, at, CHUNK_BYTES)
     else:
-        load_t3(weights, r0 * weights.strides[0] + c * CHUNK_BYTES, weights.strides[0])
+        load_t3(weights, at, weights.strides[0])
     dot_hi_odd()
     dot_mid_odd()
 
