@@ -30,26 +30,27 @@ batch size).
 F16 weights take float_grid's kernels everywhere: an F16 weight is two bfloat16 parts (8 + 3 significant
 bits), and splitting them on the fly costs more than the products save in decode (docs/performance.md).
 
-The OS hands out the tile registers per process on request (Linux 5.16+: arch_prctl
-ARCH_REQ_XCOMP_PERM); `available()` asks once. Without that grant the first tile instruction kills the
-process (SIGILL), so nothing here runs before it.
+The tile instructions, and the OS's grant of the tile registers that must come before them, are in
+amx_tiles.py; `matmul` runs nothing before `available()` said yes.
 """
 
 from __future__ import annotations
 
-import ctypes
-import platform
-import sys
-from functools import lru_cache
-
 import numpy as np
-from llvmlite import ir
-from numba import prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import prange
 
 from ....jit import cached_kernel, exact_kernel, f32_bits, u32_as_f32
-from .vector import PREFETCH_LOCALITY, VECTOR_ISA, _target_features
+from .amx_tiles import (  # noqa: F401 (available, target_has_amx: this module's interface too)
+    available,
+    prefetch_line,
+    set_tile,
+    target_has_amx,
+    tile_configure,
+    tile_dot,
+    tile_move,
+    tile_release,
+    tile_zero,
+)
 
 CHUNK = 32  # K elements per tile step: 64 bytes of bfloat16 per weight row
 CHUNK_BYTES = 2 * CHUNK
@@ -73,128 +74,13 @@ T_HI, T_MID, T_A_EVEN, T_A_ODD, T_BH_EVEN, T_BM_EVEN, T_BH_ODD, T_BM_ODD = range
 # The helpers of the tile loops, inlined into them (called, the decode stream ran ~20% slower).
 inline_kernel = cached_kernel(nogil=True, error_model="numpy", inline="always")
 
-_SYS_ARCH_PRCTL = 158  # x86-64
-_ARCH_REQ_XCOMP_PERM = 0x1023
-_XFEATURE_XTILEDATA = 18
-
-
-def target_has_amx() -> bool:
-    """Whether Numba's compile target has the tile unit with bfloat16 products (AMX-TILE, AMX-BF16)."""
-    from numba.core.registry import cpu_target
-
-    return VECTOR_ISA == "auto" and {"+amx-tile", "+amx-bf16"} <= _target_features(cpu_target.target_context)
-
-
-@lru_cache(maxsize=1)
-def available() -> bool:
-    """Whether this process may run the tile kernels: the target has AMX and the OS granted the tile
-    registers (asked once; a refusal leaves float_grid's kernels)."""
-    if sys.platform != "linux" or platform.machine() != "x86_64" or not target_has_amx():
-        return False
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
-
-
-# ----- the tile instructions, as Numba intrinsics (tile numbers are immediates: one intrinsic each) -----
-
-_I8 = ir.IntType(8)
-_I32 = ir.IntType(32)
-_I64 = ir.IntType(64)
-_BYTES = _I8.as_pointer()
-
-
-def _declare(builder, name: str, args: list):
-    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), args), name)
-
-
-def _byte_pointer(context, builder, array_type, array, offset):
-    """i8* to byte `offset` of an array's data."""
-    data = builder.bitcast(context.make_array(array_type)(context, builder, array).data, _BYTES)
-    return builder.gep(data, [offset if offset.type.width == 64 else builder.sext(offset, _I64)])
-
-
-@intrinsic
-def tile_configure(typingctx, config):
-    """ldtilecfg from a uint8[64] array (palette 1, then each tile's bytes per row and rows)."""
-    def codegen(context, builder, signature, args):
-        pointer = _byte_pointer(context, builder, signature.args[0], args[0], _I64(0))
-        builder.call(_declare(builder, "llvm.x86.ldtilecfg", [_BYTES]), [pointer])
-        return context.get_dummy_value()
-
-    return types.void(config), codegen
-
-
-@intrinsic
-def tile_release(typingctx):
-    """tilerelease: the tile state back to its initial (cheap to save on a context switch) state."""
-    def codegen(context, builder, signature, args):
-        builder.call(_declare(builder, "llvm.x86.tilerelease", []), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
-
-
-@intrinsic
-def prefetch_line(typingctx, array, offset):
-    """Ask for the cache line at byte `offset` of an array (into the level PREFETCH_LOCALITY says)."""
-    def codegen(context, builder, signature, args):
-        pointer = _byte_pointer(context, builder, signature.args[0], args[0], args[1])
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [_BYTES, _I32, _I32, _I32]), "llvm.prefetch.p0i8")
-        builder.call(prefetch, [pointer, _I32(0), _I32(PREFETCH_LOCALITY), _I32(1)])
-        return context.get_dummy_value()
-
-    return types.void(array, offset), codegen
-
-
-def _tile_zero(tile: int):
-    @intrinsic
-    def zero(typingctx):
-        def codegen(context, builder, signature, args):
-            builder.call(_declare(builder, "llvm.x86.tilezero", [_I8]), [_I8(tile)])
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    return zero
-
-
-def _tile_move(tile: int, name: str):
-    """tileloadd / tilestored of tile `tile` at byte `offset` of an array, rows `stride` bytes apart."""
-    @intrinsic
-    def move(typingctx, array, offset, stride):
-        def codegen(context, builder, signature, args):
-            array_, offset_, stride_ = args
-            pointer = _byte_pointer(context, builder, signature.args[0], array_, offset_)
-            stride_ = builder.sext(stride_, _I64) if stride_.type.width < 64 else stride_
-            builder.call(_declare(builder, name, [_I8, _BYTES, _I64]), [_I8(tile), pointer, stride_])
-            return context.get_dummy_value()
-
-        return types.void(array, offset, stride), codegen
-
-    return move
-
-
-def _tile_dot(sums: int, a: int, b: int):
-    """tdpbf16ps: tile `sums` += tile a (bfloat16 rows) x tile b (bfloat16 pairs)."""
-    @intrinsic
-    def dot(typingctx):
-        def codegen(context, builder, signature, args):
-            builder.call(_declare(builder, "llvm.x86.tdpbf16ps", [_I8, _I8, _I8]), [_I8(sums), _I8(a), _I8(b)])
-            return context.get_dummy_value()
-
-        return types.void(), codegen
-
-    return dot
-
-
-zero_s0, zero_s1, zero_s2, zero_s3 = (_tile_zero(t) for t in (T_S0, T_S1, T_S2, T_S3))
-store_s0, store_s1, store_s2, store_s3 = (_tile_move(t, "llvm.x86.tilestored64") for t in (T_S0, T_S1, T_S2, T_S3))
-load_t2, load_t3, load_t4, load_t5, load_t6, load_t7 = (_tile_move(t, "llvm.x86.tileloadd64") for t in range(2, 8))
+zero_s0, zero_s1, zero_s2, zero_s3 = (tile_zero(t) for t in (T_S0, T_S1, T_S2, T_S3))
+store_s0, store_s1, store_s2, store_s3 = (tile_move(t, "llvm.x86.tilestored64") for t in (T_S0, T_S1, T_S2, T_S3))
+load_t2, load_t3, load_t4, load_t5, load_t6, load_t7 = (tile_move(t, "llvm.x86.tileloadd64") for t in range(2, 8))
 load_a0, load_a1, load_b0, load_b1 = load_t4, load_t5, load_t6, load_t7  # the grid's operands
-dot_s0, dot_s1, dot_s2, dot_s3 = (_tile_dot(s, a, b) for s, a, b in (
+dot_s0, dot_s1, dot_s2, dot_s3 = (tile_dot(s, a, b) for s, a, b in (
     (T_S0, T_A0, T_B0), (T_S1, T_A0, T_B1), (T_S2, T_A1, T_B0), (T_S3, T_A1, T_B1)))
-dot_hi_even, dot_mid_even, dot_hi_odd, dot_mid_odd = (_tile_dot(s, a, b) for s, a, b in (
+dot_hi_even, dot_mid_even, dot_hi_odd, dot_mid_odd = (tile_dot(s, a, b) for s, a, b in (
     (T_HI, T_A_EVEN, T_BH_EVEN), (T_MID, T_A_EVEN, T_BM_EVEN), (T_HI, T_A_ODD, T_BH_ODD), (T_MID, T_A_ODD, T_BM_ODD)))
 
 
@@ -262,12 +148,6 @@ def _pack_into(weights, packed):
 
 
 @exact_kernel
-def _set_tile(config, tile, rows, row_bytes):
-    config[16 + 2 * tile] = row_bytes
-    config[48 + tile] = rows
-
-
-@exact_kernel
 def _configure_grid(config, m0, m1, n):
     """Palette 1; A0 m0 weight rows and A1 m1 (0: unused) of 64 bytes; B0, B1 16 rows (pairs along K) of
     n words; the sums on A0 (S0, S1) m0 rows and on A1 (S2, S3) m1 rows of n floats."""
@@ -275,12 +155,12 @@ def _configure_grid(config, m0, m1, n):
     config[0] = 1
     for tile, rows in ((T_S0, m0), (T_S1, m0), (T_S2, m1), (T_S3, m1)):
         if rows:
-            _set_tile(config, tile, rows, 4 * n)
-    _set_tile(config, T_A0, m0, CHUNK_BYTES)
+            set_tile(config, tile, rows, 4 * n)
+    set_tile(config, T_A0, m0, CHUNK_BYTES)
     if m1:
-        _set_tile(config, T_A1, m1, CHUNK_BYTES)
-    _set_tile(config, T_B0, CHUNK // 2, 4 * n)
-    _set_tile(config, T_B1, CHUNK // 2, 4 * n)
+        set_tile(config, T_A1, m1, CHUNK_BYTES)
+    set_tile(config, T_B0, CHUNK // 2, 4 * n)
+    set_tile(config, T_B1, CHUNK // 2, 4 * n)
 
 
 @exact_kernel
@@ -290,11 +170,11 @@ def _configure_stream(config, m, n):
     config[:] = 0
     config[0] = 1
     for tile in (T_HI, T_MID):
-        _set_tile(config, tile, m, 4 * n)
+        set_tile(config, tile, m, 4 * n)
     for tile in (T_A_EVEN, T_A_ODD):
-        _set_tile(config, tile, m, CHUNK_BYTES)
+        set_tile(config, tile, m, CHUNK_BYTES)
     for tile in (T_BH_EVEN, T_BM_EVEN, T_BH_ODD, T_BM_ODD):
-        _set_tile(config, tile, CHUNK // 2, 4 * n)
+        set_tile(config, tile, CHUNK // 2, 4 * n)
 
 
 @inline_kernel
