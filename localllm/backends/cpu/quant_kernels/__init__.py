@@ -158,10 +158,11 @@ def _f16() -> KernelRecord:
 
 
 def _bf16() -> KernelRecord:
+    from . import amx
     from . import bf16 as k
 
     tiles = TileKernel(k.matvec_tiles, k.MIN_ROWS)
-    matrix = MatrixKernel(k.matmul_amx, k.amx_suits, k.amx_pack)
+    matrix = MatrixKernel(amx.matmul, amx.suits, amx.pack)
     return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, tiles=tiles, matrix=matrix)
 
 

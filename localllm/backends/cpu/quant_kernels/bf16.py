@@ -1,10 +1,8 @@
-"""BF16's CPU kernels: float_grid's dot products on BF16 weight rows against float32 activations; on
-AMX, every product of the matrices it takes through amx.py."""
+"""BF16's CPU kernels: float_grid's dot products on BF16 weight rows against float32 activations."""
 
 from __future__ import annotations
 
 from ....jit import exact_kernel
-from . import amx
 from .float_grid import BF16, MIN_ROWS, float_dot, float_matvec_tiles  # noqa: F401 (MIN_ROWS: the record's)
 
 
@@ -18,17 +16,3 @@ def vec_dot(w, x):
 def matvec_tiles(weights, out, x):
     """out[t, r] = vec_dot(weights[r], x[t]) for r < N - N % 16 (float_grid.float_matvec_tiles)."""
     float_matvec_tiles(weights, out, x, BF16)
-
-
-
-def matmul_amx(weights, x, out, threads, packed=amx.NOT_PACKED):
-    """out[T, N] = x[T, K] @ W.T on the tile unit (amx.matmul)."""
-    amx.matmul(weights, x, out, threads, packed)
-
-
-def amx_suits(weights):
-    return amx.suits(weights)
-
-
-def amx_pack(weights):
-    return amx.pack(weights)
