@@ -98,7 +98,12 @@ def test_special_values_take_the_same_path_everywhere(name):
     out = np.empty((4, 16), np.float32)
     record.tiles.matvec(raw, out, x)
     expected = np.array([[record.vec_dot(raw[r], x[t]) for r in range(16)] for t in range(4)], np.float32)
-    np.testing.assert_array_equal(bits(out), bits(expected))
+    # A NaN's sign is not part of the contract: which of two NaN operands an FMA passes on depends on the
+    # operand order LLVM picks for it, which differed between a fresh compile and Numba's cached code.
+    assert np.isnan(out).any()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    np.testing.assert_array_equal(bits(out[finite]), bits(expected[finite]))
 
 
 @pytest.mark.parametrize("name", TYPES)
