@@ -9,6 +9,8 @@ true value but not always NumPy's last bit; results match a float64 reference to
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from . import kernels
@@ -26,7 +28,13 @@ class BlasAttention:
     `workers`: threads that take the (KV head, query block) products between them. With BLAS on one
     thread (CPUBackend: a model whose matrix products are all integer), two workers run two blocks at
     once: NumPy's matmul and the Numba softmax release the GIL, and every block is computed exactly as
-    it is alone (the same single-threaded BLAS call), so the result does not depend on the count."""
+    it is alone (the same single-threaded BLAS call), so the result does not depend on the count.
+
+    The workers take the blocks from one queue, the latest (causal: the most keys) first, rather than a
+    fixed share each: the pool's thread often starts late, its core still held by an OpenMP worker
+    spinning after the last Numba region (backends/cpu/threads.py), and fixed shares were uneven besides
+    (blocks 0 and 2 against 1 and 3). Gemma 3 270M, T = 256, per layer inside a prefill: the pool's
+    thread began 0.77 ms after the call (0.18 with OMP_WAIT_POLICY=PASSIVE); docs/performance.md."""
 
     def __init__(self, block: int = BLOCK, workers: int = 1):
         self.block = block
@@ -59,7 +67,8 @@ class BlasAttention:
         for g in range(n_kv):
             kernels.f16_head_to_f32(k_bits, g, lo, kv[g, 0])  # float16 -> float32, exact
             kernels.f16_head_to_f32(v_bits, g, lo, kv[g, 1])
-        jobs = [(g, t0) for g in range(n_kv) for t0 in range(0, n_tokens, self.block)]
+        # the latest query blocks first: under a causal mask they see the most keys
+        jobs = [(g, t0) for t0 in reversed(range(0, n_tokens, self.block)) for g in range(n_kv)]
         workers = min(self.workers, len(jobs))
         args = (q, kv, lo, start, np.float32(scale), np.float32(softcap), window, out, sinks, causal)
         if workers <= 1:
@@ -69,15 +78,16 @@ class BlasAttention:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="localllm-attention")
-        shares = [jobs[w::workers] for w in range(workers)]
-        futures = [self._pool.submit(self._blocks, shares[w], w, *args) for w in range(1, workers)]
-        self._blocks(shares[0], 0, *args)  # the caller's share, while the pool's threads run theirs
+        queue = _JobQueue(jobs)
+        futures = [self._pool.submit(self._blocks, queue, w, *args) for w in range(1, workers)]
+        self._blocks(queue, 0, *args)  # the caller takes jobs too, while the pool's threads start
         for future in futures:
             future.result()
 
     def _blocks(self, jobs, worker: int, q, kv, lo: int, start: int, scale, softcap, window: int, out, sinks,
                 causal: bool = True) -> None:
-        """The (KV head g, query block from t0) jobs, on this worker's scratch."""
+        """The (KV head g, query block from t0) jobs (a list, or a _JobQueue shared with other workers),
+        on this worker's scratch."""
         n_tokens, n_head, head_dim = q.shape
         n_kv = kv.shape[0]
         group = n_head // n_kv
@@ -108,3 +118,18 @@ class BlasAttention:
                 o = staged[: rows * head_dim].reshape(rows, head_dim)
                 np.matmul(s, kv[g, 1, k0 - lo : k1 - lo], out=o)
                 out[t0:t1, heads] = o.reshape(t1 - t0, group, head_dim)
+
+
+class _JobQueue:
+    """Jobs handed out one at a time, in order, to whichever worker asks next (iterate it)."""
+
+    def __init__(self, jobs: list):
+        self._jobs = iter(jobs)
+        self._lock = threading.Lock()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self._lock:
+            return next(self._jobs)

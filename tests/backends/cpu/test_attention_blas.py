@@ -108,6 +108,19 @@ def test_blas_attention_with_two_workers_equals_one(case):
         np.testing.assert_array_equal(out, results[0])
 
 
+def test_job_queue_hands_each_job_out_once_across_threads():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from localllm.backends.cpu.attention_blas import _JobQueue
+
+    jobs = [(g, t0) for t0 in range(0, 64 * 500, 64) for g in range(2)]
+    queue = _JobQueue(jobs)
+    with ThreadPoolExecutor(4) as pool:
+        taken = list(pool.map(lambda _: list(queue), range(4)))
+    assert sorted(job for share in taken for job in share) == sorted(jobs)
+    assert all(share == sorted(share, key=jobs.index) for share in taken)  # each worker's in queue order
+
+
 @numba.njit(fastmath=True)  # not cached: a cached caller here would keep an old copy of the kernel
 def _exp_all(x, out):
     for i in range(x.shape[0]):
