@@ -15,7 +15,10 @@ where a changed row went. Rows are grouped under the host's vector instruction s
 although it is meant to give the same bits, a fingerprint is only ever compared with one taken on the
 same kind of target. The AuthenticAMD entries were recorded on Zen 4 and Zen 5 machines (the avx2 one with
 NUMBA_CPU_NAME=haswell, as scripts/golden_ops.py's docstring shows), the GenuineIntel ones on 2026-11-26
-on an Intel machine with AVX-512 (both targets, the same way).
+on an Intel machine with AVX-512 (both targets, the same way). Both AuthenticAMD entries' p3_paragraph rows
+were re-recorded on 2026-11-27 on a Zen 4: the prefill softmax's fixed order (commit 7800798, the day the
+Intel entries were made) had changed them, and no AMD machine had run this since; the code just before
+that commit still gave the old AMD records there, and every other row is unchanged.
 Thread counts 1 and 2 are both run and must agree (a row's result does not depend on the split).
 """
 
