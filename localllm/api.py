@@ -16,7 +16,7 @@ from .generate import Event, Session, generate_tokens
 from .gguf import GGUFReader
 from .host import available_memory, well_within
 from .model.archs import architecture_class
-from .model.decoder import KVCache, KVCacheTooLarge
+from .model.kv_cache import KVCache, KVCacheTooLarge
 from .runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -182,7 +182,7 @@ class PagedKVCache:
     def __init__(self, ops: Backend, hp: HParams, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE, layout=None,
                  state_slots: int = 0):
         """state_slots: how many sequences' recurrent buffers to hold, for a layout with recurrent layers."""
-        from .decoder import layer_caches
+        from .kv_cache import layer_caches
         from .recurrent import LayerState, RecurrentSlots
 
         self.block_size = block_size
@@ -193,7 +193,7 @@ class PagedKVCache:
 
     @staticmethod
     def bytes_per_block(hp: HParams, block_size: int = DEFAULT_BLOCK_SIZE, layout=None) -> int:
-        from .decoder import kv_bytes_per_position
+        from .kv_cache import kv_bytes_per_position
 
         return block_size * kv_bytes_per_position(hp, PagedKVCache.DTYPE, layout)
 

@@ -20,7 +20,7 @@ from localllm.chat.builtin import is_base_model
 from localllm.chat.conversation import ChatSettings, Conversation
 from localllm.chat.templates import ChatTemplate
 from localllm.cli.app import main
-from localllm.model.decoder import KVCacheTooLarge
+from localllm.model.kv_cache import KVCacheTooLarge
 from tiny_models import write_tiny_model
 
 GIB = 1024**3
@@ -141,10 +141,10 @@ def test_the_default_context_is_4096_or_the_trained_length_if_shorter(gemma_path
 
 
 def test_a_cache_that_does_not_fit_is_refused_before_allocation(gemma_path, monkeypatch):
-    from localllm.model import decoder
+    from localllm.model import kv_cache
 
     allocated = []
-    monkeypatch.setattr(decoder.KVCache, "__init__", lambda self, *a: allocated.append(a))
+    monkeypatch.setattr(kv_cache.KVCache, "__init__", lambda self, *a: allocated.append(a))
     monkeypatch.setattr(api, "available_memory", lambda: 2 * GIB)
     per_token = 2 * 18 * 1 * 256 * 2  # K and V, 18 layers, 1 KV head of 256 float16 values
     with pytest.raises(KVCacheTooLarge) as caught:

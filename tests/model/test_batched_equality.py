@@ -26,7 +26,7 @@ import pytest
 import localllm
 from localllm import quant
 from localllm.backends.cpu.matmul import BLAS_MIN_ROWS, TILE_MIN_ROWS, has_multirow_kernels
-from localllm.model.decoder import KVCache
+from localllm.model.kv_cache import KVCache
 from localllm.model.kv_paged import DEFAULT_BLOCK_SIZE, LayoutBuilder, PagedKVCache, SequenceBlocks
 
 from tiny_models import write_tiny_model

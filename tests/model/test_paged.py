@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from localllm.backends.cpu import CPUBackend
-from localllm.model.decoder import KVCache
+from localllm.model.kv_cache import KVCache
 from localllm.model.kv_paged import (
     BlockPool,
     CacheFull,

@@ -59,7 +59,7 @@ class CompileOnlyBackend(CPUBackend):
 
 def exercise(decoder) -> None:
     """Forward passes of decoder (on a CompileOnlyBackend) that call every kernel a conversation does."""
-    from ...model.decoder import KVCache
+    from ...model.kv_cache import KVCache
 
     hp = decoder.hp
     # the first position at which one decode row's attention is parallel (CPUBackend.attention)

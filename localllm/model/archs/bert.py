@@ -23,7 +23,8 @@ import numpy as np
 from ...backends.base import Weight
 from ...errors import LocalLLMError
 from ..buffers import Buffers
-from ..decoder import Decoder, KVCache
+from ..decoder import Decoder
+from ..kv_cache import KVCache
 from ..weights import TensorSpec
 
 

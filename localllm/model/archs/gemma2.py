@@ -19,7 +19,8 @@ import math
 
 import numpy as np
 
-from ..decoder import Buffers, Decoder, KVCache, sliding_window_layers
+from ..decoder import Buffers, Decoder, sliding_window_layers
+from ..kv_cache import KVCache
 from ..weights import TensorSpec
 
 DEFAULT_WINDOW = 4096

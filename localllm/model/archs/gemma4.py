@@ -39,7 +39,8 @@ import numpy as np
 
 from ...errors import UnsupportedArchitecture
 from ..buffers import Buffers
-from ..decoder import Decoder, KVCache, LayerKV, sliding_window_layers
+from ..decoder import Decoder, sliding_window_layers
+from ..kv_cache import KVCache, LayerKV
 from ..hparams import MAX_WIDTH
 from ..moe import MixtureOfExperts
 from ..weights import TensorSpec

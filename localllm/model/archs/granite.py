@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..decoder import Buffers, Decoder, KVCache
+from ..decoder import Buffers, Decoder
+from ..kv_cache import KVCache
 
 
 class Granite(Decoder):

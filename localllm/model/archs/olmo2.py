@@ -12,7 +12,8 @@ GGUF storage conventions relied on (llama.cpp's converter and src/models/olmo2.c
 
 from __future__ import annotations
 
-from ..decoder import Buffers, Decoder, KVCache
+from ..decoder import Buffers, Decoder
+from ..kv_cache import KVCache
 from ..weights import TensorSpec
 
 GLOBAL_EVERY = 4  # with a sliding window: layer il is global when (il + 1) % 4 == 0

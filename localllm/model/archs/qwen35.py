@@ -31,7 +31,8 @@ from typing import Optional
 import numpy as np
 
 from ...errors import GGUFError
-from ..decoder import Decoder, LayerKV
+from ..decoder import Decoder
+from ..kv_cache import LayerKV
 from ..hparams import MAX_HEADS, MAX_WIDTH
 from ..recurrent import LayerState
 from ..weights import TensorSpec

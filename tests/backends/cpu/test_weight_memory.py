@@ -13,7 +13,7 @@ from localllm.backends.cpu.matmul import relaid_layout
 from localllm.backends.cpu.weight_memory import ALIGN, CHUNK, HUGE_PAGE, HugePageArena, copies_weights
 from localllm.gguf.reader import GGUFReader
 from localllm.gguf.writer import GGUFWriter
-from localllm.model.decoder import KVCache
+from localllm.model.kv_cache import KVCache
 from localllm.runtime import Runtime
 
 from test_quant_packed import _mapping_rss_kib

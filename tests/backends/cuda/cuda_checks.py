@@ -127,7 +127,7 @@ def model_dimensions():
 
 def greedy(decoder, prompt, n_new, n_ctx=16):
     """Greedy tokens after `prompt` (batched prefill, then one token per step) and every step's logits."""
-    from localllm.model.decoder import KVCache
+    from localllm.model.kv_cache import KVCache
 
     cache = KVCache(decoder.ops, decoder.hp, n_ctx, decoder.kv_layout())
     logits = decoder.forward(np.array(prompt, np.int32), 0, cache)[-1].copy()

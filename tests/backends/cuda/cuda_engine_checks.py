@@ -85,7 +85,7 @@ def test_verified_rows_equal_decode_steps_on_the_device(tmp_path):
     """Speculative decoding's Decoder.verify on the CUDA backend: each of its rows' logits equal, bit for
     bit, those of the one-token steps that would decode the same tokens (localllm/speculative.py)."""
     import localllm
-    from localllm.model.decoder import KVCache
+    from localllm.model.kv_cache import KVCache
 
     with model_dimensions():
         tiny_models.N_VOCAB = 260 if not FULL else tiny_models.N_VOCAB
