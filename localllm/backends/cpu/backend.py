@@ -142,6 +142,7 @@ class CPUBackend(Backend):
                 self.background = _FailedCompile()
         self.thread_policy.begin_step(rows)
         self._blas_attention.workers = self.thread_policy.attention_workers()
+        self._blas_attention.numpy_only = self.basic_tier  # its parallel kernel is the background compile's
 
     def end_step(self) -> None:
         self.thread_policy.end_step()

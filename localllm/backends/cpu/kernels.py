@@ -396,9 +396,10 @@ def masked_softmax_rows(scores, first_pos, group, key0, scale, softcap, window, 
     sinks float32[group]: each head's attention sink (gpt-oss), -inf for none: a logit in the softmax's
     sum that takes a share of the weights and gives no value (added after the sum, as llama.cpp adds it).
 
-    Serial on purpose: it runs between BLAS calls, whose workers spin for the cores meanwhile. Measured
-    (Gemma 3 270M shapes, T 512, 2 BLAS threads, medians of 15 passes alternating): 70 ms per pass with
-    this and f16_head_to_f32 on one thread, 352 ms as prange loops on two Numba (OpenMP) threads."""
+    Serial on purpose: each worker of prefill attention runs it on its own block, between its BLAS
+    calls (attention_blas._run_shares). As prange loops between two-thread BLAS calls, whose workers
+    spin for the cores meanwhile, it was 5x slower (Gemma 3 270M shapes, T 512, medians of 15 passes
+    alternating: 352 ms per pass against 70 with this and f16_head_to_f32 on one thread)."""
     n = scores.shape[1]
     if key0 > first_pos or key0 + n <= first_pos + (scores.shape[0] - 1) // group:
         raise ValueError("masked_softmax_rows: a row's own position lies outside the block's keys")

@@ -7,7 +7,8 @@ backend therefore begins in the *basic* tier:
 - a matrix product of several rows goes row by row through the one-row kernel (`matvec`), where the
   multi-row kernels would have been used; products that go through BLAS still do;
 - no matrix is re-laid (PackedWeights): the one-row kernel reads the file's layout;
-- norms, RoPE and activations run their serial twins, attention one head at a time (attention_by_head);
+- norms, RoPE and activations run their serial twins, attention one head at a time (attention_by_head),
+  a prompt's attention through NumPy's matmul on the calling thread (attention_blas.BlasAttention);
 - our kernels run on one thread: the compile has the other cores (on 2 cores, a parallel region whose
   second thread waits behind the compiling process took ~30 ms instead of microseconds).
 Every one of these computes the same bits as the kernel it stands in for (the multi-row and re-laid

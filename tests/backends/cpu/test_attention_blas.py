@@ -91,66 +91,41 @@ def test_blas_attention_independent_of_thread_count():
         np.testing.assert_array_equal(out, results[0])
 
 
+@pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("case", CASES)
-def test_blas_attention_with_two_workers_equals_one(case):
-    """Blocks shared between threads (BLAS on one thread each) give every block exactly its result."""
+def test_blas_attention_with_two_workers_equals_one(case, causal):
+    """Blocks shared between Numba's threads (BLAS on one thread each) give every block exactly its
+    result, and that result is NumPy's matmul's (the path where NumPy's BLAS function cannot be found)."""
     import threadpoolctl
 
+    from localllm.backends.cpu import blas_sgemm
+
+    assert blas_sgemm.address() is not None  # NumPy's wheels ship OpenBLAS: the parallel path runs here
     n_tokens, n_head, n_kv, head_dim, start, window = case
+    window = window if causal else 0
     q, cache_k, cache_v = random_case(sum(case) + 1, n_tokens, n_head, n_kv, head_dim, start)
+    sinks = np.random.default_rng(sum(case)).normal(0, 1, n_head).astype(np.float32)
     results = []
     with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
         for workers in (1, 2, 3):
             out = np.full(q.shape, np.nan, np.float32)
-            BlasAttention(32, workers=workers)(q, cache_k, cache_v, start, 0.3, window, out)
+            BlasAttention(32, workers=workers)(q, cache_k, cache_v, start, 0.3, window, out, 0.0, sinks, causal)
+            results.append(out)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(blas_sgemm, "address", lambda: None)
+            out = np.full(q.shape, np.nan, np.float32)
+            BlasAttention(32, workers=2)(q, cache_k, cache_v, start, 0.3, window, out, 0.0, sinks, causal)
             results.append(out)
     for out in results[1:]:
         np.testing.assert_array_equal(out, results[0])
 
 
-def test_job_queue_hands_each_job_out_once_across_threads():
-    from concurrent.futures import ThreadPoolExecutor
+def test_shares_give_each_job_once_the_largest_first_to_the_least_loaded():
+    from localllm.backends.cpu.attention_blas import _shares
 
-    from localllm.backends.cpu.attention_blas import _JobQueue
-
-    jobs = [(g, t0) for t0 in range(0, 64 * 500, 64) for g in range(2)]
-    queue = _JobQueue(jobs)
-    with ThreadPoolExecutor(4) as pool:
-        taken = list(pool.map(lambda _: list(queue), range(4)))
-    assert sorted(job for share in taken for job in share) == sorted(jobs)
-    assert all(share == sorted(share, key=jobs.index) for share in taken)  # each worker's in queue order
-
-
-@numba.njit(fastmath=True)  # not cached: a cached caller here would keep an old copy of the kernel
-def _exp_all(x, out):
-    for i in range(x.shape[0]):
-        out[i] = kernels._exp_nonpositive(x[i])
-
-
-def test_exp_nonpositive_within_two_ulp():
-    x = -np.random.default_rng(0).random(200_000).astype(np.float32) * 87
-    x[:4] = [0.0, -1e-30, -0.5 * np.log(2), -86.9]
-    out = np.empty_like(x)
-    _exp_all(x, out)
-    exact = np.exp(x.astype(np.float64))
-    ulps = np.abs(out - exact) / np.spacing(exact.astype(np.float32))
-    assert ulps.max() <= 2.0  # measured 1.15 (NumPy's own float32 exp: 2.4)
-    assert out[0] == 1.0
-    tail = np.array([-87.0, -100.0, -np.inf], np.float32)  # clamped: tiny, positive, finite
-    _exp_all(tail, out[:3])
-    assert np.all(out[:3] == out[0:1]) and 0 < out[0] < 1e-37
-
-
-def test_f16_head_to_f32_is_exact():
-    bits = np.random.default_rng(1).integers(0, 1 << 16, size=(40, 3, 24), dtype=np.uint16)
-    bits[bits & 0x7C00 == 0x7C00] = 0  # no infinities or NaNs: those compare unequal
-    out = np.empty((30, 24), np.float32)
-    kernels.f16_head_to_f32(bits, 2, 5, out)
-    np.testing.assert_array_equal(out, bits[5:35, 2].view(np.float16).astype(np.float32))
-
-
-def test_masked_softmax_rows_refuses_a_block_missing_its_own_positions():
-    with pytest.raises(ValueError):  # rows at positions 7..14 against keys 0..7
-        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 7, 1, 0, np.float32(1.0), np.float32(0.0), 0, NO_SINKS)
-    with pytest.raises(ValueError):  # first key after the first row's position
-        kernels.masked_softmax_rows(np.zeros((8, 8), np.float32), 3, 8, 4, np.float32(1.0), np.float32(0.0), 0, NO_SINKS)
+    jobs = [(0, 0), (0, 64), (0, 128), (0, 192)]
+    order, bounds = _shares(jobs, [64, 128, 192, 256], 2)
+    shares = [sorted(map(tuple, order[bounds[w] : bounds[w + 1]].tolist())) for w in range(2)]
+    assert shares == [[(0, 0), (0, 192)], [(0, 64), (0, 128)]]  # 320 each
+    order, bounds = _shares(jobs, [64, 128, 192, 256], 3)
+    assert sorted(map(tuple, order.tolist())) == sorted(jobs) and list(bounds) == [0, 1, 2, 4]
