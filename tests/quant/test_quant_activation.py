@@ -139,3 +139,49 @@ def test_largest_magnitude_search_passes_over_nans_and_counts_infinities():
         assert np.array([key >> 32], np.uint32).view(np.float32)[0] == amax
         if amax > 0:
             assert xb[255 - (key & 0xFFFFFFFF)] == vmax and np.signbit(xb[255 - (key & 0xFFFFFFFF)]) == np.signbit(vmax)
+
+
+def _q8_0_reference(y):
+    """quantize_row_q8_0 as llama.cpp's AVX path computes it, scalar, float32 arithmetic: (qs, d, sums)."""
+    qs, d, sums = [], [], []
+    for block in y.reshape(-1, 32):
+        amax = np.float32(np.abs(block).max())
+        inv = np.float32(127.0) / amax if amax else np.float32(0.0)
+        q = [int(np.rint(np.float32(v * inv))) for v in block]
+        qs += q
+        with np.errstate(over="ignore"):  # a huge block's scale: float16 infinity, as ggml stores it
+            d.append(np.float32(np.float16(amax / np.float32(127.0))))
+        sums.append(sum(q))
+    return np.array(qs, np.int8), np.array(d, np.float32), np.array(sums, np.int32)
+
+
+def test_q8_0_vector_and_strided_rows_give_the_scalar_transcription():
+    """Unit-stride rows go through the vector block code, others through the scalar loop: both against
+    a transcription, on blocks of zeros of both signs, halfway cases after scaling, tiny and huge
+    values; then NaN, infinity and a block of subnormals only (whose 127 / amax overflows: no
+    transcription, the two paths must still agree)."""
+    rng = np.random.default_rng(7)
+    blocks = rng.standard_normal((8, 32)).astype(np.float32)
+    blocks[1] = 0.0
+    blocks[1, ::3] = -0.0
+    blocks[2] *= np.float32(1e-30)
+    blocks[3] = np.arange(32, dtype=np.float32) - 15.5  # amax 15.5: many x * 127 / 15.5 near .5
+    blocks[4, :] = 127.0
+    blocks[4, ::2] = 0.5  # scaled by 1: exact halves, rounded to even
+    blocks[5] *= np.float32(3e37)
+    y = blocks.reshape(-1)
+    expected = _q8_0_reference(y)
+    wide = np.zeros(2 * y.size, np.float32)
+    wide[::2] = y
+    for row in (y, wide[::2]):
+        got = QuantizedActivation("q8_0", y.size).quantize(row)
+        for g, e, name in zip(got, expected, ("qs", "d", "sums")):
+            np.testing.assert_array_equal(g, e, err_msg=f"{name}, stride {row.strides[0]}")
+    y[[3, 40, 77]] = [np.nan, np.inf, -np.inf]
+    y[96:128] = rng.uniform(-1e-39, 1e-39, 32)
+    wide[::2] = y
+    with np.errstate(invalid="ignore"):
+        contiguous = [a.copy() for a in QuantizedActivation("q8_0", y.size).quantize(y)]
+        strided = QuantizedActivation("q8_0", y.size).quantize(wide[::2])
+    for a, b in zip(contiguous, strided):
+        np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
