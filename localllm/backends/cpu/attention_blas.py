@@ -71,16 +71,17 @@ class BlasAttention:
             kernels.f16_head_to_f32(k_bits, g, lo, kv[g, 0])  # float16 -> float32, exact
             kernels.f16_head_to_f32(v_bits, g, lo, kv[g, 1])
         jobs = [(g, t0) for t0 in range(0, n_tokens, self.block) for g in range(n_kv)]
-        # a block's products: its rows times the keys it sees (D cancels)
-        block_rows = min(self.block, n_tokens) * group
-        max_keys = min(n_keys - lo, min(self.block, n_tokens) + (window - 1 if window > 0 else n_keys))
+        block_rows = min(self.block, n_tokens) * group  # the score rows of a block, at most
+        max_keys = min(n_keys - lo, min(self.block, n_tokens) + (window - 1 if window > 0 else n_keys))  # its keys
         args = (q, kv, lo, start, np.float32(scale), np.float32(softcap), window, out, sinks, causal)
         function = None if self.numpy_only else blas_sgemm.address()
         if function is None:
             self._numpy_blocks(jobs, block_rows * max_keys, *args)
             return
         workers = max(1, min(self.workers, numba.get_num_threads(), len(jobs)))
-        order, bounds = _shares(jobs, [self._block_size(t0, n_tokens, group, start, lo, window, causal) for _, t0 in jobs], workers)
+        # shared by the size of their products: rows times keys (the head size is every block's)
+        sizes = [self._block_size(t0, n_tokens, group, start, lo, window, causal) for _, t0 in jobs]
+        order, bounds = _shares(jobs, sizes, workers)
         q = np.ascontiguousarray(q)
         direct = n_kv == 1 and out.flags.c_contiguous  # out[t0:t1] is then the block's [rows, D] output
         scores = self._buffer("scores", workers * block_rows * max_keys).reshape(workers, -1)
