@@ -17,8 +17,10 @@ SQRT_2_OVER_PI = 0.7978845608028654
 
 @exact_kernel
 def _row_rms_scale(row, eps):
-    """1/sqrt(mean(row^2) + eps), the sum in float64 in order, as ggml does: deterministic whatever the
-    compiler does (a fast-math float32 reduction changed with how it was vectorised, measured)."""
+    """1/sqrt(mean(row^2) + eps), the sum in float64 in order, as ggml sums: deterministic whatever the
+    compiler does (a fast-math float32 reduction changed with how it was vectorised, measured). ggml
+    rounds each square to float32 before adding it and takes the mean and the root in float32; here the
+    squares (exact in float64) and the root are float64, the result rounded once to float32."""
     total = 0.0
     for i in range(row.shape[0]):
         total += np.float64(row[i]) * np.float64(row[i])
