@@ -3,6 +3,7 @@ drawn from chosen edge values rather than random bytes, which would be NaN or in
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from localllm import quant
@@ -43,3 +44,10 @@ def random_rows(name: str, n_rows: int, n: int, rng, extremes: bool = True) -> n
 
 def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+def compiled_for_isa(kernel):
+    """A parallel kernel compiled afresh for vector.VECTOR_ISA as it is now, serially (prange as range):
+    the per-ISA tests check the vector code each ISA inlines, which is the same in a serial compile,
+    and Numba's parallel lowering took two thirds of their time (Q3_K's tiles: 32 s against 10 s)."""
+    return numba.njit(error_model="numpy")(kernel.py_func)

@@ -8,10 +8,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numba
 import numpy as np
 import pytest
-from quant_rows import bits
+from quant_rows import bits, compiled_for_isa
 from test_quant_kquant_rows import _activations, _expected
 from test_quant_tiles import _weights
 
@@ -122,7 +121,7 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
     try:
         for isa in vector.VECTOR_ISAS:
             vector.VECTOR_ISA = isa
-            kernel = numba.njit(parallel=True, error_model="numpy")(module.matvec_packed.py_func)  # compiled now, for isa
+            kernel = compiled_for_isa(module.matvec_packed)  # compiled now, for isa
             for batch, want in zip(batches, expected):
                 out = np.full((batch[0].shape[0], 32), np.nan, dtype=np.float32)
                 kernel(packed, k // 256, 2, out, *batch)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-import numba
 import numpy as np
 import pytest
-from quant_rows import bits, random_rows
+from quant_rows import bits, random_rows, compiled_for_isa
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
@@ -94,7 +93,7 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
     try:
         for isa in vector.VECTOR_ISAS:
             vector.VECTOR_ISA = isa
-            tiles = numba.njit(parallel=True, error_model="numpy")(MODULES[name].matvec_tiles.py_func)  # compiled now, for isa
+            tiles = compiled_for_isa(MODULES[name].matvec_tiles)  # compiled now, for isa
             for batch, want in zip(batches, expected):
                 n_rows = batch[0].shape[0]
                 out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)

@@ -11,10 +11,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-import numba
 import numpy as np
 import pytest
-from quant_rows import bits, random_rows
+from quant_rows import bits, random_rows, compiled_for_isa
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
@@ -138,7 +137,7 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
     try:
         for isa in vector.VECTOR_ISAS:
             vector.VECTOR_ISA = isa
-            tiles = numba.njit(parallel=True, error_model="numpy")(KERNELS[name].py_func)  # compiled now, for isa
+            tiles = compiled_for_isa(KERNELS[name])  # compiled now, for isa
             for batch, want in zip(batches, expected):
                 n_rows = batch[0].shape[0]
                 out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)
@@ -203,7 +202,7 @@ def test_q4_0_packed_kernel_equals_vec_dot_on_every_isa():
     try:
         for isa in vector.VECTOR_ISAS:
             vector.VECTOR_ISA = isa
-            kernel = numba.njit(parallel=True, error_model="numpy")(q4_0_x16.matvec_packed.py_func)  # compiled now, for isa
+            kernel = compiled_for_isa(q4_0_x16.matvec_packed)  # compiled now, for isa
             for batch, want in zip(batches, expected):
                 out = np.full((batch[0].shape[0], 32), np.nan, dtype=np.float32)
                 kernel(packed, k // 32, 2, out, *batch)
