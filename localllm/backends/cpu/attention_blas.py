@@ -93,10 +93,8 @@ class BlasAttention:
                     window, out, sinks, row_sinks, causal, scores, staged_q, staged_o)
 
     def _block_size(self, t0: int, n_tokens: int, group: int, start: int, lo: int, window: int, causal: bool) -> int:
-        """Rows times keys of the block from t0 (_run_shares' bounds)."""
-        t1 = min(t0 + self.block, n_tokens)
-        k0 = max(lo, start + t0 - window + 1) if window > 0 else 0
-        k1 = start + t1 if causal else start + n_tokens
+        """Rows times keys of the block from t0."""
+        t1, k0, k1 = _query_block(t0, self.block, n_tokens, start, lo, window, causal)
         return (t1 - t0) * group * (k1 - k0)
 
     def _numpy_blocks(self, jobs, scores_size: int, q, kv, lo: int, start: int, scale, softcap, window: int, out,
@@ -111,11 +109,9 @@ class BlasAttention:
         staged = None if direct else self._buffer("out", min(block, n_tokens) * group * head_dim)
         for g, t0 in jobs:
             heads = slice(g * group, (g + 1) * group)
-            t1 = min(t0 + block, n_tokens)
+            t1, k0, k1 = _query_block(t0, block, n_tokens, start, lo, window, causal)
             rows = (t1 - t0) * group
             first_pos = start + t0
-            k0 = max(lo, first_pos - window + 1) if window > 0 else 0  # keys [k0, k1) cover the block
-            k1 = start + t1 if causal else n_keys
             s = scores[: rows * (k1 - k0)].reshape(rows, k1 - k0)
             qb = q[t0:t1, heads].reshape(rows, head_dim)  # a view when n_kv == 1
             np.matmul(qb, kv[g, 0, k0 - lo : k1 - lo].T, out=s)
@@ -129,6 +125,19 @@ class BlasAttention:
                 o = staged[: rows * head_dim].reshape(rows, head_dim)
                 np.matmul(s, kv[g, 1, k0 - lo : k1 - lo], out=o)
                 out[t0:t1, heads] = o.reshape(t1 - t0, group, head_dim)
+
+
+@exact_kernel
+def _query_block(t0, block, n_tokens, start, lo, window, causal):
+    """The query block from t0 as (t1, k0, k1): its queries t0 <= t < t1 (positions start + t), and the
+    keys [k0, k1) that cover them. Causal: up to its last position; a sliding window (window > 0) from
+    its first position's first key, never before lo (the first key converted). Not causal: all of
+    start + n_tokens keys. The one place this geometry is written: the NumPy path, the parallel loop
+    and the shares' sizes all call it."""
+    t1 = min(t0 + block, n_tokens)
+    k0 = max(lo, start + t0 - window + 1) if window > 0 else 0
+    k1 = start + t1 if causal else start + n_tokens
+    return t1, k0, k1
 
 
 def _shares(jobs: list, sizes: list, workers: int) -> tuple[np.ndarray, np.ndarray]:
@@ -169,11 +178,9 @@ def _run_shares(function, order, bounds, block, direct, q, kv, lo, start, scale,
         s_at = _address(scores) + w * scores.shape[1] * floats
         for j in range(bounds[w], bounds[w + 1]):
             g, t0 = order[j, 0], order[j, 1]
-            t1 = min(t0 + block, n_tokens)
+            t1, k0, k1 = _query_block(t0, block, n_tokens, start, lo, window, causal)
             rows = (t1 - t0) * group
             first_pos = start + t0
-            k0 = max(lo, first_pos - window + 1) if window > 0 else 0  # keys [k0, k1) cover the block
-            k1 = start + t1 if causal else n_keys
             n_k = k1 - k0
             if direct:
                 q_at = _address(q) + t0 * n_head * head_dim * floats
