@@ -7,6 +7,7 @@ llama-quantize's type names, then `llama-bench` and `localllm bench` on each fil
     python scripts/bench_types.py --llama-bench PATH --model 8b -p 128 -n 32   # Q4_0, Q8_0, Q3_K_M
     python scripts/bench_types.py --llama-bench PATH --model 8b --prepare       # only make the files
     python scripts/bench_types.py --llama-bench PATH --llama-load-mode none     # against llama.cpp's --no-mmap
+    python scripts/bench_types.py --pool A.json B.json                         # the rounds of two --json runs together
 
 The model files (made once in --workdir, reused on later runs):
 - gemma (default): the shipped Gemma 3 270M Q4_K_M requantized to F32 (`localllm quantize --type F32
@@ -88,12 +89,34 @@ def measure_pair(path: Path, args, first: str) -> dict:
 
 
 def summary(rounds: list[dict], test: str) -> dict:
-    ours = [r[("localllm", test)] for r in rounds]
-    theirs = [r[("llama.cpp", test)] for r in rounds]
+    return paired_summary([r[("localllm", test)] for r in rounds], [r[("llama.cpp", test)] for r in rounds])
+
+
+def paired_summary(ours: list[float], theirs: list[float]) -> dict:
+    """Medians of both engines' tok/s and of the per-round ratios (round i: ours[i] / theirs[i])."""
     ratios = [a / b for a, b in zip(ours, theirs)]
     return {"llama.cpp": statistics.median(theirs), "localllm": statistics.median(ours),
             "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "llama.cpp_samples": theirs, "localllm_samples": ours}
+
+
+def pooled(paths: list[Path]) -> tuple[str, int, dict]:
+    """The rounds of several --json files of one model and thread count, pooled: (model, threads,
+    results as main() makes them, each type's and test's rounds from every file that has them)."""
+    loaded = [json.loads(Path(p).read_text()) for p in paths]
+    settings = {(d["model"], d["threads"]) for d in loaded}
+    if len(settings) != 1:
+        raise SystemExit(f"--pool: the files are of different models or thread counts: {sorted(settings)}")
+    samples: dict = {}
+    for data in loaded:
+        for qtype, by_test in data["results"].items():
+            for test, s in by_test.items():
+                ours, theirs = samples.setdefault(qtype, {}).setdefault(test, ([], []))
+                ours += s["localllm_samples"]
+                theirs += s["llama.cpp_samples"]
+    results = {qtype: {test: paired_summary(*pair) for test, pair in by_test.items()} for qtype, by_test in samples.items()}
+    model, threads = settings.pop()
+    return model, threads, results
 
 
 def table(results: dict, tests: tuple[str, str], targets: tuple[float, float]) -> str:
@@ -112,7 +135,7 @@ def table(results: dict, tests: tuple[str, str], targets: tuple[float, float]) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-bench", required=True)
+    parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (needed unless --pool)")
     parser.add_argument("--model", choices=("gemma", "8b"), default="gemma")
     parser.add_argument("--types", default=None, help="comma-separated llama-quantize type names (default: all for the model)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/localllm-bench-types"))
@@ -125,7 +148,19 @@ def main() -> None:
     parser.add_argument("--llama-load-mode", default=None,
                         help="llama-bench's -lm: mmap (its default), none (read into its own memory, as --no-mmap)")
     parser.add_argument("--prepare", action="store_true", help="make the model files, measure nothing")
+    parser.add_argument("--pool", nargs="+", type=Path, metavar="JSON",
+                        help="measure nothing: the table of the rounds of these --json files together")
     args = parser.parse_args()
+    if args.pool:
+        model, threads, results = pooled(args.pool)
+        tests = tuple(next(iter(results.values())))
+        rounds = max(len(s["localllm_samples"]) for by_test in results.values() for s in by_test.values())
+        print(f"{model}, {threads} threads, up to {rounds} rounds pooled from {len(args.pool)} files "
+              f"(tok/s medians; ratio: median of the paired rounds, range)\n")
+        print(table(results, tests, TARGETS[model]))
+        return
+    if not args.llama_bench:
+        parser.error("--llama-bench is required (unless --pool)")
     types = args.types.split(",") if args.types else list(GEMMA_TYPES if args.model == "gemma" else EIGHT_B_TYPES)
     args.workdir.mkdir(parents=True, exist_ok=True)
     print(f"localllm's BLAS (prefill): {blas_kernels()}", flush=True)
