@@ -56,6 +56,32 @@ def test_top_k_zero_is_off_but_banned_tokens_never_survive():
     assert kept(only(top_k=4), logits) == {0, 1, 3}
 
 
+def _largest_finite(scores: np.ndarray, k: int) -> list[int]:
+    """The k largest finite scores' ids by a plain sort: largest first, a tie to the lower id."""
+    finite = [i for i in range(scores.size) if np.isfinite(scores[i])]
+    return sorted(finite, key=lambda i: (-float(scores[i]), i))[:k]
+
+
+@pytest.mark.parametrize("allowed", [None, 30_000, 200, 7])
+def test_top_k_on_a_large_vocabulary_gives_the_k_largest_finite_in_order(allowed):
+    # A Gemma-sized vocabulary: unmasked, or masked as a grammar masks it (-inf outside `allowed` ids),
+    # with +inf and NaN, ties (values rounded to a coarse grid) and fewer allowed ids than k.
+    rng = np.random.default_rng(allowed or 1)
+    n = 262_144
+    scores = np.round(rng.normal(0, 3, n) * 4).astype(np.float32) / 4  # many equal values
+    if allowed is not None:
+        mask = np.full(n, -np.inf, dtype=np.float32)
+        ids = rng.choice(n, allowed, replace=False)
+        mask[ids] = scores[ids]
+        scores = mask
+    scores[rng.integers(0, n, 3)] = np.inf  # not finite: never a candidate
+    scores[rng.integers(0, n, 2)] = np.nan  # (Sampler.sample refuses NaN logits; candidates passes them over)
+    for k in (1, 40, 100):
+        ids, kept_logits = Sampler(only(top_k=k), n).candidates(scores)
+        assert ids.tolist() == _largest_finite(scores, k)
+        np.testing.assert_array_equal(kept_logits, scores[ids])
+
+
 @pytest.mark.parametrize("p,expected", [(0.0, {1}), (0.35, {1}), (0.5, {1, 3}), (0.75, {1, 3, 2}), (0.95, {0, 1, 2, 3})])
 def test_top_p_keeps_the_smallest_prefix_reaching_p(p, expected):
     # probabilities by id: 0:0.1, 1:0.4, 2:0.2, 3:0.3; sorted 0.4 (1), 0.3 (3), 0.2 (2), 0.1 (0);
