@@ -2,7 +2,8 @@
 for llama.cpp (llama-cpp-python's completion with the same GBNF text), on the same model, in paired rounds.
 
 The figure the issue asks for is the ratio constrained / unconstrained on each engine (1.0: the grammar
-costs nothing). Greedy decoding on both, so the unconstrained runs are the same work each round.
+costs nothing). Greedy decoding on both by default, so the unconstrained runs are the same work each round;
+`--temperature T` samples instead (seed 0, each engine's default top-k, top-p and min-p).
 localllm caches each grammar's masks (grammar/constraint.py): "grammar" runs the same text again (a
 server answering one schema many times), "new grammar" a text never seen (a comment line makes it new),
 which pays for every mask the answer needs. llama.cpp keeps no masks: its one figure covers both.
@@ -38,22 +39,24 @@ SCHEMA = {
 PROMPT = "A list of eight people as JSON, with their name, city, age and whether they are members:\n"
 
 
-def ours(model, grammar, max_tokens: int) -> tuple[float, int]:
-    """(decode tok/s, tokens) of one greedy generation on a fresh session."""
+def ours(model, grammar, max_tokens: int, temperature: float = 0.0) -> tuple[float, int]:
+    """(decode tok/s, tokens) of one generation on a fresh session (greedy at temperature 0; else the
+    default top-k, top-p and min-p, seed 0)."""
     done = None
-    for event in model.generate(PROMPT, max_tokens=max_tokens, temperature=0, grammar=grammar,
+    for event in model.generate(PROMPT, max_tokens=max_tokens, temperature=temperature, seed=0, grammar=grammar,
                                 session=model.new_session()):
         if event.kind == "done":
             done = event.timings
     return done.generation_tps, done.generated_tokens
 
 
-def theirs(llm, grammar, max_tokens: int) -> tuple[float, int]:
-    """(decode tok/s, tokens) of llama-cpp-python's streamed greedy completion: from the first token's
-    arrival to the last's."""
+def theirs(llm, grammar, max_tokens: int, temperature: float = 0.0) -> tuple[float, int]:
+    """(decode tok/s, tokens) of llama-cpp-python's streamed completion (as ours): from the first
+    token's arrival to the last's."""
     stamps = []
     llm.reset()
-    for _ in llm.create_completion(PROMPT, max_tokens=max_tokens, temperature=0.0, grammar=grammar, stream=True):
+    for _ in llm.create_completion(PROMPT, max_tokens=max_tokens, temperature=temperature, seed=0, grammar=grammar,
+                                   stream=True):
         stamps.append(time.perf_counter())
     n = len(stamps)
     return (n - 1) / (stamps[-1] - stamps[0]), n
@@ -66,6 +69,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=160)
     parser.add_argument("--no-llama-cpp", action="store_true")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="0: greedy (the default); above: sampled, with each engine's default top-k, top-p, min-p")
     args = parser.parse_args()
 
     import localllm
@@ -77,13 +82,14 @@ def main() -> None:
     model = localllm.load(path, n_ctx=1024, threads=args.threads)
     model.warm_up()
     fresh = iter(range(10**6))
-    engines = {"localllm": (lambda g: ours(model, g, args.max_tokens), gbnf),
-               "localllm-new": (lambda g: ours(model, g and f"{g}# run {next(fresh)}\n", args.max_tokens), gbnf)}
+    temp = args.temperature
+    engines = {"localllm": (lambda g: ours(model, g, args.max_tokens, temp), gbnf),
+               "localllm-new": (lambda g: ours(model, g and f"{g}# run {next(fresh)}\n", args.max_tokens, temp), gbnf)}
     if not args.no_llama_cpp:
         import llama_cpp
 
         llm = llama_cpp.Llama(path, n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False)
-        engines["llama.cpp"] = (lambda g: theirs(llm, g, args.max_tokens), llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False))
+        engines["llama.cpp"] = (lambda g: theirs(llm, g, args.max_tokens, temp), llama_cpp.LlamaGrammar.from_string(gbnf, verbose=False))
     for run, grammar in engines.values():  # warm-up: compile, the trie, first masks
         run(None)
         run(grammar)
