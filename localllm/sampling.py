@@ -315,9 +315,7 @@ def logprobs(logits: np.ndarray, token: int, top_n: int) -> tuple[float, list[tu
     chosen = float(x[token]) - log_normalizer
     if top_n == 0:
         return chosen, []
-    n = min(int(top_n), x.size)
-    head = np.argpartition(x, x.size - n)[x.size - n :]
-    head = head[np.argsort(-x[head], kind="stable")]
+    head = _top_k(x, top_n) if top_n < x.size else np.argsort(-x, kind="stable")  # (ids of finite logits)
     return chosen, [(int(i), float(x[i]) - log_normalizer) for i in head]
 
 
