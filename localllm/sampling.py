@@ -77,8 +77,12 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     ids = ids[np.isfinite(scores[ids])]
     if ids.size < k:
         ids = np.flatnonzero(np.isfinite(scores))
-    order = np.lexsort((ids, -scores[ids]))  # by score, largest first; then by id
-    return ids[order[:k]]
+    if ids.size > k:  # keep the k largest (ids ascending: a tie at the k-th value keeps the lower ids)
+        values = scores[ids]
+        kth = np.partition(values, ids.size - k)[ids.size - k]
+        above = ids[values > kth]
+        ids = np.concatenate([above, ids[values == kth][: k - above.size]])
+    return ids[np.lexsort((ids, -scores[ids]))]  # by score, largest first; then by id
 
 
 def _typical(logits: np.ndarray, mass: float) -> np.ndarray:
@@ -96,7 +100,7 @@ def _top_p(logits: np.ndarray, mass: float, at_most: int | None = None) -> np.nd
     """Indices (into `logits`) of the smallest most-likely set whose probability reaches `mass`.
 
     Only the leading part of the sorted order matters, so large candidate sets are sorted in growing
-    chunks of their largest elements (argpartition) until a chunk's probability reaches `mass`.
+    chunks of their largest elements (_top_k) until a chunk's probability reaches `mass`.
     `at_most`: only that many leading tokens can survive later anyway (min-p's count), so the search
     stops there, keeping them all when they do not reach `mass`. Probabilities are normalized over all
     of `logits` either way."""
@@ -106,8 +110,10 @@ def _top_p(logits: np.ndarray, mass: float, at_most: int | None = None) -> np.nd
     total = weights.sum()
     chunk = min(limit, _PARTIAL_SORT_START)
     while True:
-        head = np.argpartition(logits, n - chunk)[n - chunk :] if chunk < n else np.arange(n)
-        head = head[np.argsort(-logits[head], kind="stable")]
+        if chunk < n:
+            head = _top_k(logits, chunk)  # sorted, largest first (logits here are all finite)
+        else:
+            head = np.argsort(-logits, kind="stable")
         cumulative = np.cumsum(weights[head]) / total
         if cumulative[-1] >= mass or chunk == limit:
             keep = int(np.searchsorted(cumulative, mass, side="left")) + 1

@@ -90,6 +90,22 @@ def test_top_p_keeps_the_smallest_prefix_reaching_p(p, expected):
     assert kept(only(top_p=p), logits_of(0.1, 0.4, 0.2, 0.3)) == expected
 
 
+def test_top_p_on_a_large_vocabulary_keeps_the_most_likely_prefix_in_order():
+    # top-k off, so top-p sorts a Gemma-sized vocabulary itself, chunk by chunk (_top_p)
+    rng = np.random.default_rng(5)
+    n = 262_144
+    logits = rng.standard_normal(n).astype(np.float32)
+    x = logits.astype(np.float64)
+    order = sorted(range(n), key=lambda i: (-float(logits[i]), i))
+    cumulative = np.cumsum(np.exp(x[order] - x.max())) / np.exp(x - x.max()).sum()
+    keeps = []
+    for mass in (0.01, 0.05, 0.2):
+        keeps.append(int(np.searchsorted(cumulative, mass, side="left")) + 1)
+        ids, _ = Sampler(only(top_p=mass), n).candidates(logits)
+        assert ids.tolist() == order[: keeps[-1]]
+    assert keeps[0] < 1024 < keeps[1] < 8192 < keeps[2]  # found in the first, second and third chunk
+
+
 @pytest.mark.parametrize("ratio,expected", [(0.3, {0, 1, 3}), (0.45, {0, 3}), (0.9, {0}), (1.0, {0})])
 def test_min_p_drops_tokens_below_min_p_times_the_top_probability(ratio, expected):
     # probabilities 0.5, 0.2, 0.05, 0.25; p_max = 0.5. ratio 0.3 -> threshold 0.15 drops only id 2 (0.05);
