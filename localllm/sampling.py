@@ -58,9 +58,9 @@ def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
     """Ids of the k largest finite scores, largest first, a tie going to the lower id (as llama.cpp's
     top-k leaves its candidates: sorted); all finite ones, in id order, when k is 0 or >= n.
 
-    Not one argpartition over the vocabulary: at 262,144 logits that took 3.3 ms a call, and 40-58 ms
-    once a grammar had set most of them to -inf (its selection degrades on many equal values). First
-    a floor no higher than the k-th largest value: the k-th largest of the maxima of disjoint slices
+    Not one argpartition over the vocabulary: that costs milliseconds at a 262,144-token vocabulary,
+    and ten times more once a grammar has set most scores to -inf (its selection degrades on many
+    equal values; figures in docs/performance.md). First a floor no higher than the k-th largest value: the k-th largest of the maxima of disjoint slices
     of _TOP_K_SLICE scores (k distinct values reach it); then only the scores at or above it are
     ranked. Where that floor is not finite (a grammar's mask leaves fewer than k slices any finite
     score), or fewer than k finite scores reach it (a maximum was +inf, which is no candidate), the

@@ -49,5 +49,5 @@ def bits(a: np.ndarray) -> np.ndarray:
 def compiled_for_isa(kernel):
     """A parallel kernel compiled afresh for vector.VECTOR_ISA as it is now, serially (prange as range):
     the per-ISA tests check the vector code each ISA inlines, which is the same in a serial compile,
-    and Numba's parallel lowering took two thirds of their time (Q3_K's tiles: 32 s against 10 s)."""
+    and Numba's parallel lowering was most of their time."""
     return numba.njit(error_model="numpy")(kernel.py_func)
