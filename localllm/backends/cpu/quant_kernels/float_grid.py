@@ -3,7 +3,8 @@
 One order for every dot, in every kernel: the row is taken LANES = 16 elements at a time, each chunk's
 weights widened to float32 (F16: vcvtph2ps; BF16: the 16 bits moved to the top of a word) and multiplied
 into 16 running sums with one fused multiply-add per lane (acc = fma(w, x, acc)); the 16 sums are then
-added by halves (lanes l and l + 8, then l and l + 4, ...); the last n % 16 elements follow one by one,
+added by halves (lanes l and l + 8, then l and l + 4, ...; the dots of a grid share those vector
+adds, lanes.halving_sums); the last n % 16 elements follow one by one,
 each an fma into that total. `vec_dot` (one weight row, one activation row: decode) and the grid kernels
 (R weight rows x A activation rows, each weight and activation chunk loaded once for all the dots it
 enters: prefill and batched decode) run exactly these operations per dot, so every product equals
@@ -25,13 +26,13 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel
+from .lanes import DOT_LANES, halving_sums
 
 
-LANES = 16
+LANES = DOT_LANES  # 16 float32 lanes: one AVX-512 register
 GRID_W, GRID_A = 4, 4  # weight rows x activation rows per grid call
 MIN_ROWS = 2  # activation rows from which matmul_rows takes matvec_tiles
 TILE = 16  # matvec_tiles covers the first N - N % TILE weight rows (the TileKernel contract)
-PINNED = ("arcp",)  # permits nothing for fadd: keeps Numba's fast-math rewrite off the halving sums
 
 
 def _widened(builder, kind: str, pointer):
@@ -45,18 +46,6 @@ def _widened(builder, kind: str, pointer):
     words = builder.shl(builder.zext(shorts, ir.VectorType(ir.IntType(32), LANES)),
                         ir.Constant(ir.VectorType(ir.IntType(32), LANES), [16] * LANES))
     return builder.bitcast(words, f32x16)
-
-
-def _halving_sum(builder, vec):
-    """Lanes l and l + 8, then l and l + 4, ...: the float32 total of a <16 x float>."""
-    width = LANES
-    while width > 1:
-        width //= 2
-        index = ir.VectorType(ir.IntType(32), width)
-        low = builder.shuffle_vector(vec, vec, ir.Constant(index, list(range(width))))
-        high = builder.shuffle_vector(vec, vec, ir.Constant(index, list(range(width, 2 * width))))
-        vec = builder.fadd(low, high, flags=PINNED)
-    return builder.extract_element(vec, ir.Constant(ir.IntType(32), 0))
 
 
 def _row_pointers(context, builder, array_type, array, first, count, element):
@@ -115,7 +104,9 @@ def grid_intrinsic(kind: str, n_w: int, n_a: int):
                     for j, xv in enumerate(xs):
                         acc = accs[i * n_a + j]
                         builder.store(builder.call(fma, [w, xv, builder.load(acc)]), acc)
-            totals = [cgutils.alloca_once_value(builder, _halving_sum(builder, builder.load(acc))) for acc in accs]
+            summed = halving_sums(builder, [builder.load(acc) for acc in accs])
+            totals = [cgutils.alloca_once_value(builder, builder.extract_element(summed, ir.Constant(ir.IntType(32), k)))
+                      for k in range(len(accs))]
             # the last n % 16 elements, one fma each into the total
             fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3), "llvm.fma.f32")
             tail_start = builder.sub(n_, builder.urem(n_, i64(LANES)))
