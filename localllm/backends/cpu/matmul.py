@@ -87,7 +87,10 @@ def gather_rows_kernel(qt: QuantType):
 
 
 def matvec_kernel(qt: QuantType):
-    return drivers(qt).matvec
+    """The decode's matvec(weights, out, *activation): the type's own where its record has one, else the
+    generated driver's."""
+    own = kernel_record(qt).matvec
+    return own if own is not None else drivers(qt).matvec
 
 
 def dequant_rows_kernel(qt: QuantType):

@@ -1,7 +1,8 @@
 """The float weight types' kernels (backends/cpu/quant_kernels/float_grid.py: F32, F16, BF16): vec_dot in
 its documented order, checked against an emulation of that order in NumPy (each fused multiply-add done in
-float64, where the product of two float32 values is exact, then rounded to float32), and the grid kernel
-(matvec_tiles) against vec_dot bit for bit across its steps (4 x 4 dots, then single activation rows),
+float64, where the product of two float32 values is exact, then rounded to float32), the grid kernel
+(matvec_tiles) against vec_dot bit for bit across its steps (4 x 4 dots, then single activation rows), the
+decode's matvec (two rows a step) likewise,
 row lengths with and without a 16-element tail, special values, and the dispatch from matmul_rows."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from quant_rows import bits
 
 from localllm import quant
-from localllm.backends.cpu.matmul import MatmulScratch, matmul_rows
+from localllm.backends.cpu.matmul import MatmulScratch, matmul_rows, matvec_kernel
 from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record
 from localllm.backends.cpu.quant_kernels.float_grid import LANES, MIN_ROWS
 from localllm.backends.cpu.quant_kernels.q4_k_tiles import available as tiles_available
@@ -81,6 +82,20 @@ def test_tiles_equal_vec_dot_across_the_kernels_steps(name, k):
         expected = np.array([[record.vec_dot(raw[r], x[t]) for r in range(n_weights)] for t in range(n_act)], np.float32)
         np.testing.assert_array_equal(bits(out[:, :32]), bits(expected[:, :32]), err_msg=f"{name} K={k} T={n_act}")
         assert np.isnan(out[:, 32:]).all()  # the tail rows are matmul_rows' (row kernels)
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 8, 37])
+def test_decode_matvec_equals_vec_dot_on_every_row(name, n_rows):
+    # two rows far apart a step (the halves' row i together), the middle row alone when N is odd
+    rng = np.random.default_rng(n_rows)
+    for k in (16, 647):
+        raw = _rows(name, rng, n_rows, k)
+        x = rng.normal(0, 1, k).astype(np.float32)
+        out = np.full(n_rows, np.nan, dtype=np.float32)
+        matvec_kernel(quant.get(name))(raw, out, x)
+        expected = np.array([kernel_record(name).vec_dot(raw[r], x) for r in range(n_rows)], np.float32)
+        np.testing.assert_array_equal(bits(out), bits(expected), err_msg=f"{name} K={k} N={n_rows}")
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -22,6 +22,9 @@ A type's record names everything the CPU backend runs for it (formats: localllm/
             target has AVX-512 VNNI);
     packed: the tile kernel on rows re-laid 16 at a time at load (x16), at every batch size.
 Every multi-row result equals vec_dot's bit for bit, so a row's value does not depend on the batch.
+- `matvec`: where the type has its own, the decode's matrix-vector product matvec(weights, out,
+  *activation) (F32, F16, BF16: two weight rows far apart a step, float_grid.float_matvec); the others
+  take the generated driver's (drivers.py), a vec_dot per row or the grid's dot_4x1;
 - `matrix`: where the target has it, a kernel that takes a matrix's products at every batch size, the
   one-row ones included, in its own order (BF16 on AMX: amx.py): every product of such a matrix goes
   through it, so a row's value still does not depend on the batch; vec_dot and the multi-row kernels
@@ -121,6 +124,7 @@ class KernelRecord:
     tiles: Optional[TileKernel] = None
     packed: Optional[PackedKernel] = None
     matrix: Optional[MatrixKernel] = None
+    matvec: Optional[Callable] = None
 
     @property
     def name(self) -> str:
@@ -148,13 +152,15 @@ class KernelRecord:
 def _f32() -> KernelRecord:
     from . import f32 as k
 
-    return KernelRecord(quant.get("F32"), k.vec_dot, quant.get("F32").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS))
+    return KernelRecord(quant.get("F32"), k.vec_dot, quant.get("F32").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS),
+                        matvec=k.matvec)
 
 
 def _f16() -> KernelRecord:
     from . import f16 as k
 
-    return KernelRecord(quant.get("F16"), k.vec_dot, quant.get("F16").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS))
+    return KernelRecord(quant.get("F16"), k.vec_dot, quant.get("F16").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS),
+                        matvec=k.matvec)
 
 
 def _bf16() -> KernelRecord:
@@ -163,7 +169,8 @@ def _bf16() -> KernelRecord:
 
     tiles = TileKernel(k.matvec_tiles, k.MIN_ROWS)
     matrix = MatrixKernel(amx.matmul, amx.suits, amx.pack)
-    return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, tiles=tiles, matrix=matrix)
+    return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, tiles=tiles, matrix=matrix,
+                        matvec=k.matvec)
 
 
 def _q4_0() -> KernelRecord:

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 from ....jit import exact_kernel
-from .float_grid import BF16, MIN_ROWS, float_dot, float_matvec_tiles  # noqa: F401 (MIN_ROWS: the record's)
+from .float_grid import BF16, MIN_ROWS, float_dot, float_matvec, float_matvec_tiles  # noqa: F401 (MIN_ROWS: the record's)
 
 
 @exact_kernel
 def vec_dot(w, x):
     """w: uint8[row_bytes] weight row; x: float32[n] activation (float_grid's order)."""
     return float_dot(w, x, BF16)
+
+
+@exact_kernel
+def matvec(weights, out, x):
+    """out[r] = vec_dot(weights[r], x) for every row r, two rows far apart a step (float_grid.float_matvec)."""
+    float_matvec(weights, out, x, BF16)
 
 
 @exact_kernel

@@ -74,12 +74,53 @@ def _scalar_weight(builder, kind: str, pointer):
     return builder.bitcast(builder.shl(builder.zext(short, ir.IntType(32)), ir.Constant(ir.IntType(32), 16)), ir.FloatType())
 
 
+def _element(kind: str):
+    """The LLVM type of one stored weight: float for f32, the 16 bits of f16 / bf16."""
+    return ir.FloatType() if kind == "f32" else ir.IntType(16)
+
+
+def _dots(builder, kind: str, w_rows, x_rows, n_):
+    """Codegen of every (weight row, activation row) dot in the module's order, over the first n_
+    elements of the rows at the pointers w_rows (element*) and x_rows (float*): the float32 totals,
+    ordered (w_rows[0], x_rows[0]), (w_rows[0], x_rows[1]), ..., (w_rows[1], x_rows[0]), ... Each chunk
+    of 16 of every row is loaded and widened once a step, for all the dots it enters."""
+    n_w, n_a = len(w_rows), len(x_rows)
+    i64 = ir.IntType(64)
+    n_ = builder.sext(n_, i64) if n_.type.width < 64 else n_
+    f32x16 = ir.VectorType(ir.FloatType(), LANES)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+    zero = ir.Constant(f32x16, [0.0] * LANES)
+    accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_w * n_a)]
+    with cgutils.for_range(builder, builder.udiv(n_, i64(LANES))) as loop:
+        at = builder.mul(loop.index, i64(LANES))
+        ws = [_widened(builder, kind, builder.gep(row, [at])) for row in w_rows]
+        xs = [builder.load(builder.bitcast(builder.gep(row, [at]), f32x16.as_pointer()), align=4) for row in x_rows]
+        for i, w in enumerate(ws):
+            for j, xv in enumerate(xs):
+                acc = accs[i * n_a + j]
+                builder.store(builder.call(fma, [w, xv, builder.load(acc)]), acc)
+    summed = halving_sums(builder, [builder.load(acc) for acc in accs])
+    totals = [cgutils.alloca_once_value(builder, builder.extract_element(summed, ir.Constant(ir.IntType(32), k)))
+              for k in range(len(accs))]
+    # the last n % 16 elements, one fma each into the total
+    fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3), "llvm.fma.f32")
+    tail_start = builder.sub(n_, builder.urem(n_, i64(LANES)))
+    with cgutils.for_range(builder, builder.urem(n_, i64(LANES))) as loop:
+        at = builder.add(tail_start, loop.index)
+        ws = [_scalar_weight(builder, kind, builder.gep(row, [at])) for row in w_rows]
+        xs = [builder.load(builder.gep(row, [at])) for row in x_rows]
+        for i, w in enumerate(ws):
+            for j, xv in enumerate(xs):
+                total = totals[i * n_a + j]
+                builder.store(builder.call(fma1, [w, xv, builder.load(total)]), total)
+    return [builder.load(t) for t in totals]
+
+
 def grid_intrinsic(kind: str, n_w: int, n_a: int):
     """dots(weights, r0, x, t0, n) -> UniTuple(float32, n_w * n_a): the first n elements of weight rows
     r0..r0+n_w-1 (uint8[N, row_bytes], or a 1D row for n_w 1) dotted with activation rows
     t0..t0+n_a-1 (float32[T, >= n], or 1D for n_a 1) in the module's order, ordered (r0, t0), (r0,
     t0 + 1), ..., (r0 + 1, t0), ..."""
-    element = ir.FloatType() if kind == "f32" else ir.IntType(16)
 
     @intrinsic
     def dots(typingctx, weights, r0, x, t0, n):
@@ -88,37 +129,33 @@ def grid_intrinsic(kind: str, n_w: int, n_a: int):
         def codegen(context, builder, signature, args):
             weights_, r0_, x_, t0_, n_ = args
             w_type, _, x_type, _, _ = signature.args
-            w_rows = _row_pointers(context, builder, w_type, weights_, r0_, n_w, element)
+            w_rows = _row_pointers(context, builder, w_type, weights_, r0_, n_w, _element(kind))
             x_rows = _row_pointers(context, builder, x_type, x_, t0_, n_a, ir.FloatType())
-            i64 = ir.IntType(64)
-            n_ = builder.sext(n_, i64) if n_.type.width < 64 else n_
-            f32x16 = ir.VectorType(ir.FloatType(), LANES)
-            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
-            zero = ir.Constant(f32x16, [0.0] * LANES)
-            accs = [cgutils.alloca_once_value(builder, zero) for _ in range(n_w * n_a)]
-            with cgutils.for_range(builder, builder.udiv(n_, i64(LANES))) as loop:
-                at = builder.mul(loop.index, i64(LANES))
-                ws = [_widened(builder, kind, builder.gep(row, [at])) for row in w_rows]
-                xs = [builder.load(builder.bitcast(builder.gep(row, [at]), f32x16.as_pointer()), align=4) for row in x_rows]
-                for i, w in enumerate(ws):
-                    for j, xv in enumerate(xs):
-                        acc = accs[i * n_a + j]
-                        builder.store(builder.call(fma, [w, xv, builder.load(acc)]), acc)
-            summed = halving_sums(builder, [builder.load(acc) for acc in accs])
-            totals = [cgutils.alloca_once_value(builder, builder.extract_element(summed, ir.Constant(ir.IntType(32), k)))
-                      for k in range(len(accs))]
-            # the last n % 16 elements, one fma each into the total
-            fma1 = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3), "llvm.fma.f32")
-            tail_start = builder.sub(n_, builder.urem(n_, i64(LANES)))
-            with cgutils.for_range(builder, builder.urem(n_, i64(LANES))) as loop:
-                at = builder.add(tail_start, loop.index)
-                ws = [_scalar_weight(builder, kind, builder.gep(row, [at])) for row in w_rows]
-                xs = [builder.load(builder.gep(row, [at])) for row in x_rows]
-                for i, w in enumerate(ws):
-                    for j, xv in enumerate(xs):
-                        total = totals[i * n_a + j]
-                        builder.store(builder.call(fma1, [w, xv, builder.load(total)]), total)
-            return context.make_tuple(builder, signature.return_type, [builder.load(t) for t in totals])
+            return context.make_tuple(builder, signature.return_type, _dots(builder, kind, w_rows, x_rows, n_))
+
+        return sig, codegen
+
+    return dots
+
+
+def apart_intrinsic(kind: str):
+    """dots(weights, ra, rb, x, n) -> UniTuple(float32, 2): weight rows ra and rb (uint8[N, row_bytes],
+    any two rows) dotted with one activation x (float32[>= n]) over the first n elements, each in the
+    module's order. The two rows are read side by side: decode's matvec gives them far apart, so each
+    thread streams two sequential runs of the matrix at once."""
+
+    @intrinsic
+    def dots(typingctx, weights, ra, rb, x, n):
+        if not (isinstance(weights, types.Array) and weights.ndim == 2 and isinstance(x, types.Array) and x.ndim == 1):
+            return None
+        sig = types.UniTuple(types.float32, 2)(weights, ra, rb, x, n)
+
+        def codegen(context, builder, signature, args):
+            weights_, ra_, rb_, x_, n_ = args
+            w_type, _, _, x_type, _ = signature.args
+            w_rows = [_row_pointers(context, builder, w_type, weights_, r, 1, _element(kind))[0] for r in (ra_, rb_)]
+            x_rows = _row_pointers(context, builder, x_type, x_, None, 1, ir.FloatType())
+            return context.make_tuple(builder, signature.return_type, _dots(builder, kind, w_rows, x_rows, n_))
 
         return sig, codegen
 
@@ -132,6 +169,7 @@ F32, F16, BF16 = 0, 1, 2
 f32_1x1, f32_4x1, f32_4x4 = (grid_intrinsic("f32", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
 f16_1x1, f16_4x1, f16_4x4 = (grid_intrinsic("f16", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
 bf16_1x1, bf16_4x1, bf16_4x4 = (grid_intrinsic("bf16", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
+f32_apart, f16_apart, bf16_apart = (apart_intrinsic(kind) for kind in ("f32", "f16", "bf16"))
 
 
 @exact_kernel
@@ -160,6 +198,28 @@ def _dots_4x1(weights, r0, x, n, kind):
     if kind == F16:
         return f16_4x1(weights, r0, x, 0, n)
     return bf16_4x1(weights, r0, x, 0, n)
+
+
+@exact_kernel
+def _dots_apart(weights, ra, rb, x, n, kind):
+    if kind == F32:
+        return f32_apart(weights, ra, rb, x, n)
+    if kind == F16:
+        return f16_apart(weights, ra, rb, x, n)
+    return bf16_apart(weights, ra, rb, x, n)
+
+
+@exact_kernel(parallel=True)
+def float_matvec(weights, out, x, kind):
+    """out[r] = float_dot(weights[r], x, kind) for every row r (decode). Step i takes row i of the first
+    half and row i of the second (apart_intrinsic), so each thread streams two runs of the matrix: one
+    sequential stream a core stops short of the memory's speed (docs/performance.md)."""
+    rows, n = weights.shape[0], x.shape[0]
+    half = rows - rows // 2
+    for i in prange(rows // 2):
+        out[i], out[half + i] = _dots_apart(weights, i, half + i, x, n, kind)
+    if rows % 2:
+        out[half - 1] = float_dot(weights[half - 1], x, kind)
 
 
 @exact_kernel(parallel=True)
