@@ -23,7 +23,7 @@ A type's record names everything the CPU backend runs for it (formats: localllm/
     packed: the tile kernel on rows re-laid 16 at a time at load (x16), at every batch size.
 Every multi-row result equals vec_dot's bit for bit, so a row's value does not depend on the batch.
 - `matvec`: where the type has its own, the decode's matrix-vector product matvec(weights, out,
-  *activation) (F32, F16, BF16: two weight rows far apart a step, float_grid.float_matvec); the others
+  *activation) (F32, F16, BF16: four weight rows a quarter of the matrix apart a step, float_grid.float_matvec); the others
   take the generated driver's (drivers.py), a vec_dot per row or the grid's dot_4x1;
 - `matrix`: where the target has it, a kernel that takes a matrix's products at every batch size, the
   one-row ones included, in its own order (BF16 on AMX: amx.py): every product of such a matrix goes

@@ -14,7 +14,7 @@ def vec_dot(w, x):
 
 @exact_kernel
 def matvec(weights, out, x):
-    """out[r] = vec_dot(weights[r], x) for every row r, two rows far apart a step (float_grid.float_matvec)."""
+    """out[r] = vec_dot(weights[r], x) for every row r, four rows a part of the matrix apart a step (float_grid.float_matvec)."""
     float_matvec(weights, out, x, BF16)
 
 

@@ -138,22 +138,25 @@ def grid_intrinsic(kind: str, n_w: int, n_a: int):
     return dots
 
 
-def apart_intrinsic(kind: str):
-    """dots(weights, ra, rb, x, n) -> UniTuple(float32, 2): weight rows ra and rb (uint8[N, row_bytes],
-    any two rows) dotted with one activation x (float32[>= n]) over the first n elements, each in the
-    module's order. The two rows are read side by side: decode's matvec gives them far apart, so each
-    thread streams two sequential runs of the matrix at once."""
+def apart_intrinsic(kind: str, count: int):
+    """dots(weights, r0, step, x, n) -> UniTuple(float32, count): weight rows r0, r0 + step, ...,
+    r0 + (count - 1) * step (uint8[N, row_bytes]) dotted with one activation x (float32[>= n]) over the
+    first n elements, each in the module's order. The rows are read side by side: decode's matvec gives
+    them a part of the matrix apart, so each thread streams `count` sequential runs of it at once."""
 
     @intrinsic
-    def dots(typingctx, weights, ra, rb, x, n):
+    def dots(typingctx, weights, r0, step, x, n):
         if not (isinstance(weights, types.Array) and weights.ndim == 2 and isinstance(x, types.Array) and x.ndim == 1):
             return None
-        sig = types.UniTuple(types.float32, 2)(weights, ra, rb, x, n)
+        sig = types.UniTuple(types.float32, count)(weights, r0, step, x, n)
 
         def codegen(context, builder, signature, args):
-            weights_, ra_, rb_, x_, n_ = args
+            weights_, r0_, step_, x_, n_ = args
             w_type, _, _, x_type, _ = signature.args
-            w_rows = [_row_pointers(context, builder, w_type, weights_, r, 1, _element(kind))[0] for r in (ra_, rb_)]
+            step_ = builder.sext(step_, r0_.type) if step_.type.width < r0_.type.width else step_
+            r0_ = builder.sext(r0_, step_.type) if r0_.type.width < step_.type.width else r0_
+            firsts = [builder.add(r0_, builder.mul(step_, ir.Constant(step_.type, k))) for k in range(count)]
+            w_rows = [_row_pointers(context, builder, w_type, weights_, r, 1, _element(kind))[0] for r in firsts]
             x_rows = _row_pointers(context, builder, x_type, x_, None, 1, ir.FloatType())
             return context.make_tuple(builder, signature.return_type, _dots(builder, kind, w_rows, x_rows, n_))
 
@@ -169,7 +172,8 @@ F32, F16, BF16 = 0, 1, 2
 f32_1x1, f32_4x1, f32_4x4 = (grid_intrinsic("f32", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
 f16_1x1, f16_4x1, f16_4x4 = (grid_intrinsic("f16", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
 bf16_1x1, bf16_4x1, bf16_4x4 = (grid_intrinsic("bf16", w, a) for w, a in ((1, 1), (GRID_W, 1), (GRID_W, GRID_A)))
-f32_apart, f16_apart, bf16_apart = (apart_intrinsic(kind) for kind in ("f32", "f16", "bf16"))
+STREAMS = 4  # decode's matvec: rows this many parts of the matrix apart, read side by side
+f32_apart, f16_apart, bf16_apart = (apart_intrinsic(kind, STREAMS) for kind in ("f32", "f16", "bf16"))
 
 
 @exact_kernel
@@ -201,25 +205,31 @@ def _dots_4x1(weights, r0, x, n, kind):
 
 
 @exact_kernel
-def _dots_apart(weights, ra, rb, x, n, kind):
+def _dots_apart(weights, r0, step, x, n, kind):
     if kind == F32:
-        return f32_apart(weights, ra, rb, x, n)
+        return f32_apart(weights, r0, step, x, n)
     if kind == F16:
-        return f16_apart(weights, ra, rb, x, n)
-    return bf16_apart(weights, ra, rb, x, n)
+        return f16_apart(weights, r0, step, x, n)
+    return bf16_apart(weights, r0, step, x, n)
 
 
 @exact_kernel(parallel=True)
 def float_matvec(weights, out, x, kind):
-    """out[r] = float_dot(weights[r], x, kind) for every row r (decode). Step i takes row i of the first
-    half and row i of the second (apart_intrinsic), so each thread streams two runs of the matrix: one
-    sequential stream a core stops short of the memory's speed (docs/performance.md)."""
+    """out[r] = float_dot(weights[r], x, kind) for every row r (decode). The first STREAMS * q rows are
+    STREAMS parts of q rows; step i takes row i of each part (apart_intrinsic), so each thread streams
+    STREAMS runs of the matrix side by side: one sequential run per core stops well short of the memory's
+    speed, and four independent sums hide the fused multiply-add's latency (docs/performance.md). The
+    last N % STREAMS rows follow one by one."""
     rows, n = weights.shape[0], x.shape[0]
-    half = rows - rows // 2
-    for i in prange(rows // 2):
-        out[i], out[half + i] = _dots_apart(weights, i, half + i, x, n, kind)
-    if rows % 2:
-        out[half - 1] = float_dot(weights[half - 1], x, kind)
+    q = rows // STREAMS
+    for i in prange(q):
+        s0, s1, s2, s3 = _dots_apart(weights, i, q, x, n, kind)
+        out[i] = s0
+        out[q + i] = s1
+        out[2 * q + i] = s2
+        out[3 * q + i] = s3
+    for r in range(STREAMS * q, rows):
+        out[r] = float_dot(weights[r], x, kind)
 
 
 @exact_kernel(parallel=True)
