@@ -68,13 +68,35 @@ def _pairs_rows_source() -> str:
     return template("pairs_rows").format(**calls)
 
 
+# grid_matvec's path for the matrices from apart_min_bytes: row i of each quarter a step (dot_apart), the
+# last N % 4 rows one by one.
+_APART_PATH = """    if weights.size >= {min_bytes}:
+        q = weights.shape[0] // 4
+        for i in prange(q):
+            out[i], out[q + i], out[2 * q + i], out[3 * q + i] = dot_apart(weights, i, q, qs, d, s, d.shape[0])
+        for r in range(4 * q, weights.shape[0]):
+            out[r] = vec_dot(weights[r], qs, d, s)
+        return
+"""
+
+
+def _grid_matvec_source(grid) -> str:
+    """grid_matvec, with the path of matrices from apart_min_bytes where the type has dot_apart."""
+    if grid.dot_apart is None:
+        return template("grid_matvec").format(apart="", apart_doc="")
+    doc = f"; a matrix of at least {grid.apart_min_bytes}\n    bytes four rows a quarter of the matrix apart a step (dot_apart)"
+    return template("grid_matvec").format(apart=_APART_PATH.format(min_bytes=grid.apart_min_bytes), apart_doc=doc)
+
+
 def _drivers_source(record: KernelRecord) -> str:
     args, _ = _activation_args(record)
     bindings = ["vec_dot = kernels.vec_dot", "dequantize_row = kernels.dequantize_row"]
     if record.grid is None:
         return _header(record, bindings) + template("matvec").format(args=args) + template("row_helpers")
     bindings += ["dot_4x1 = kernels.grid.dot_4x1", "dot_1x4 = kernels.grid.dot_1x4"]
-    source = template("grid_matvec").format(one_row_min_bytes=record.grid.one_row_min_bytes)
+    source = _grid_matvec_source(record.grid)
+    if record.grid.dot_apart is not None:
+        bindings.append("dot_apart = kernels.grid.dot_apart")
     if record.pairs is None:
         return _header(record, bindings) + source + template("grid_rows") + template("row_helpers")
     imports = [

@@ -114,22 +114,24 @@ def test_batched_matvec_equals_vec_dot_on_long_rows(name, n_rows):
     np.testing.assert_array_equal(bits(out), bits(expected))
 
 
-def test_q8_0_matvec_over_a_large_matrix_goes_row_by_row_with_the_same_values():
-    # From ONE_ROW_MIN_BYTES the Q8_0 decode matvec takes its one-row kernel (faster when the matrix
-    # streams from memory): same values as vec_dot, and as the four-row kernel on a slice below the size.
+def test_q8_0_matvec_over_a_large_matrix_takes_rows_apart_with_the_same_values():
+    # From APART_MIN_BYTES the Q8_0 decode matvec reads four rows a quarter of the matrix apart a step
+    # (faster when the matrix streams from memory), the last N % 4 one by one: the same values as vec_dot
+    # on every row, and as the four-row kernel on a slice below the size. 61 distinct rows repeated, so
+    # that a row written to another part's place would not match.
     from localllm.backends.cpu.quant_kernels import q8_0
 
     qt = quant.get("Q8_0")
     rng = np.random.default_rng(25)
-    seed = random_rows("Q8_0", 64, 640, rng, extremes=False)
-    n_rows = -(-q8_0.ONE_ROW_MIN_BYTES // seed.shape[1]) // 64 * 64 + 64
-    raw = np.tile(seed, (n_rows // 64, 1))
-    assert raw.nbytes >= q8_0.ONE_ROW_MIN_BYTES
+    seed = random_rows("Q8_0", 61, 640, rng, extremes=False)
+    n_rows = -(-q8_0.APART_MIN_BYTES // seed.shape[1]) // 4 * 4 + 7  # N % 4 == 3
+    raw = np.ascontiguousarray(np.tile(seed, (-(-n_rows // 61), 1))[:n_rows])
+    assert raw.nbytes >= q8_0.APART_MIN_BYTES
     args = QuantizedActivation("q8_0", 640).quantize(rng.standard_normal(640).astype(np.float32))
-    out = np.empty(raw.shape[0], dtype=np.float32)
+    out = np.full(raw.shape[0], np.nan, dtype=np.float32)
     drivers(qt).matvec(raw, out, *args)
     expected = np.array([kernel_record(qt).vec_dot(row, *args) for row in seed], dtype=np.float32)
-    np.testing.assert_array_equal(bits(out).reshape(-1, 64), np.broadcast_to(bits(expected), (n_rows // 64, 64)))
-    small = np.empty(64, dtype=np.float32)
+    np.testing.assert_array_equal(bits(out), bits(expected)[np.arange(n_rows) % 61])
+    small = np.empty(61, dtype=np.float32)
     drivers(qt).matvec(seed, small, *args)
     np.testing.assert_array_equal(bits(small), bits(expected))

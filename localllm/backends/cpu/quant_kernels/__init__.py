@@ -12,8 +12,9 @@ A type's record names everything the CPU backend runs for it (formats: localllm/
     grid:   several dot products at once (dot_4x1: four weight rows x one activation, the decode matvec:
             four independent float add chains instead of one, as the Q8_0 output projection of Gemma 3
             270M is bound by that chain's latency, not by memory; dot_1x4: one weight row x four
-            activations, each weight block unpacked once for the four), with ONE_ROW_MIN_BYTES, the
-            matrix size from which the matvec goes row by row (vec_dot) instead;
+            activations, each weight block unpacked once for the four), and where the type has them
+            dot_apart (four rows a quarter of the matrix apart) with apart_min_bytes, the matrix size
+            from which the matvec takes it instead of dot_4x1;
     pairs:  four weight rows against activation rows taken in pairs, two rows to a 512-bit vector where
             the target has AVX-512 (the batched decode of the 32-element types, pairs.py);
     rows:   one K-quant weight row against 16, 8, 4 or 2 activation rows, each super-block unpacked
@@ -44,7 +45,7 @@ from .... import quant
 from ....jit import configure_numba
 from ....quant import QuantType
 
-ONE_ROW_NEVER = 1 << 62  # GridKernels.one_row_min_bytes of the types whose matvec never goes row by row
+APART_NEVER = 1 << 62  # GridKernels.apart_min_bytes of the types whose matvec always takes dot_4x1
 
 
 @dataclass(frozen=True)
@@ -53,11 +54,14 @@ class GridKernels:
 
     dot_4x1: Callable  # (weights uint8[N, row_bytes], r0, qs, d, s, t0, n_blocks) -> 4 float32
     dot_1x4: Callable  # (weights, r, qs[T, n], d[T, ...], s[T, ...], t0, n_blocks) -> 4 float32
-    # From this matrix size the matvec goes row by row: Q8_0's one-row kernel streams a matrix far larger
-    # than the caches faster than dot_4x1's four rows at once (Gemma 3's 178 MB output matrix, 1 thread:
-    # 41 against 36 GB/s), which stays ahead on matrices that fit and on the other types (measured Q4_0,
-    # Q5_0: the four-row kernels win at every size).
-    one_row_min_bytes: int = ONE_ROW_NEVER
+    # From this matrix size the matvec takes dot_apart: Q8_0's matrices far larger than the caches stream
+    # faster as four runs side by side than as dot_4x1's four neighbouring rows (Gemma 3's 178 MB output
+    # matrix, 1 thread: one row at a time 41 against dot_4x1's 36 GB/s; four runs ~5% a token over one
+    # row at a time), while dot_4x1 stays ahead on matrices that fit and on the other types (measured
+    # Q4_0, Q5_0: the four-row kernels win at every size).
+    apart_min_bytes: int = APART_NEVER
+    # (weights, r0, step, qs, d, s, n_blocks) -> 4 float32: rows r0 + k * step (vector.apart_dot_intrinsic)
+    dot_apart: Optional[Callable] = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,7 @@ def _q5_1() -> KernelRecord:
 def _q8_0() -> KernelRecord:
     from . import q8_0 as k
 
-    grid = GridKernels(k.dot_4x1, k.dot_1x4, one_row_min_bytes=k.ONE_ROW_MIN_BYTES)
+    grid = GridKernels(k.dot_4x1, k.dot_1x4, apart_min_bytes=k.APART_MIN_BYTES, dot_apart=k.dot_apart)
     from . import legacy_tiles
 
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)

@@ -7,7 +7,7 @@ from ....jit import fast_kernel
 from ....quant.q8_0 import BLOCK, BLOCK_BYTES
 from .legacy import row_dot_kernel, signed_block_terms_kernel, signed_pair_terms_kernel
 from .pairs import pair_grid_dots
-from .vector import VectorCode, grid_dot_intrinsic
+from .vector import VectorCode, apart_dot_intrinsic, grid_dot_intrinsic
 
 
 def _quants(v: VectorCode, w, base):
@@ -26,15 +26,18 @@ ZERO_POINT = 0  # the weights are d * q: no activation-sum correction (pairs.pai
 QUAD_ZERO = 128  # the batched decode's offset for unsigned weight bytes (pairs.py)
 
 
-# From this size (beyond the 32 MiB L3 of the Zen 5 machine measured) the decode matvec goes row by row
-# (vec_dot): streamed from memory, one row at a time ran at 41 GB/s, dot_4x1 at 36 (backends/cpu/drivers).
-ONE_ROW_MIN_BYTES = 32 << 20
+# From this size (beyond the 32 MiB L3 of the Zen 5 machine measured) the decode matvec takes dot_apart,
+# four rows a quarter of the matrix apart, instead of dot_4x1's four neighbours: streamed from memory, one
+# row at a time had run at 41 GB/s and dot_4x1 at 36 there; four runs side by side beat one row at a time
+# by ~5% a token on a Zen 4 (docs/performance.md).
+APART_MIN_BYTES = 32 << 20
 
 
 # Several dot products at once (VectorCode.grid_sum), each equal to vec_dot's: four weight rows against
 # one activation (the decode matvec), one weight row against four activation rows (batched decode).
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
+dot_apart = apart_dot_intrinsic(block_terms, 4)
 
 
 # Batched decode on activation pairs (pairs.pair_activations, compact or spread layout): four weight rows
