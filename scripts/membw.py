@@ -11,7 +11,10 @@ on the time per token: no engine decodes faster.
 
 Bandwidth is measured with a Numba reduction (a fast-math float32 sum, which LLVM vectorises with several
 accumulators, so the loop is bound by loads, not adds; a 64-bit integer sum measured only half the rate)
-over a buffer far larger than the caches, `--repeat` times, median.
+over a buffer far larger than the caches, `--repeat` times, median. Each thread reads one sequential run of
+the buffer, and one run a core stops short of what the memory gives several runs read side by side (on a
+Zen 4: ~38 GB/s on two threads against 55-65 for four runs a thread, docs/performance.md, twenty-ninth
+session), so the bound printed is the one-run speed, not a ceiling on decode.
 """
 
 from __future__ import annotations
