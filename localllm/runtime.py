@@ -54,7 +54,7 @@ DEFAULT_SPINCOUNT = "30000"
 @dataclass(frozen=True)
 class Runtime:
     threads: Optional[int]  # None: the backend's default (the CPU: host.physical_cores())
-    repack: bool  # re-lay Q4_K matrices 16 rows at a time (backends/cpu/matmul.PackedWeights)
+    repack: bool  # re-lay matrices at their first product (backends/cpu/matmul.PackedWeights, TiledWeights)
     compile_mode: str  # one of COMPILE_MODES
     kernel_dir: Path  # generated CPU kernels and the tier markers
     models_dir: Path  # the local models directory (hub/store.py)

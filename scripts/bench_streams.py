@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Decode's matrix-vector product over a model's own matrix: one row a step against the kernel decode
-takes (several rows a part of the matrix apart a step, for the types that have it), in one process.
+takes (several rows a part of the matrix apart a step, for the types that have it: Q8_0's large matrices),
+in one process. The quantized types only: the float types' products go through their matrix kernel.
 
     python scripts/bench_streams.py MODEL.gguf [--tensor token_embd.weight] [--rounds 6] [-t 2]
 
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import localllm  # noqa: E402
 from localllm import quant  # noqa: E402
-from localllm.backends.cpu.matmul import matvec_kernel  # noqa: E402
+from localllm.backends.cpu.matmul import matrix_kernel, matvec_kernel  # noqa: E402
 from localllm.backends.cpu.quant_kernels import kernel_record  # noqa: E402
 from localllm.quant.activation import QuantizedActivation  # noqa: E402
 
@@ -62,6 +63,10 @@ def main() -> int:
         weight = model.decoder.w[opts.tensor]
         qt = quant.get(weight.qtype)
         weights = weight.data
+        if matrix_kernel(qt, weights) is not None:  # the float types: float_panels' decode, STREAMS panels apart
+            print(f"{weight.qtype}'s products go through its matrix kernel (KernelRecord.matrix), not the row kernels compared here",
+                  file=sys.stderr)
+            return 1
         n_in = weight.shape[0]
         args = QuantizedActivation(qt.act, n_in).quantize(np.random.default_rng(0).normal(0, 1, n_in).astype(np.float32))
         numba.set_num_threads(opts.threads)

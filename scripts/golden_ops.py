@@ -50,6 +50,14 @@ recorded from the code that made the move, on an Intel Xeon with AMX, with the f
 /work/main; every entry but BF16's matmul and matmul_rows ones equals its avx512_vnni twin (checked when
 recorded), those differ by design (amx.py's order).
 
+The float types' products (2026-11-28, issue 28: F32, F16 and BF16 matrices moved onto float_panels.py,
+16 rows as lanes, each output one chain of fused multiply-adds): their matmul and matmul_rows entries
+were re-recorded from the code that made the move, avx512_vnni and avx2 with the two commands above from
+/work/main (every other entry came out unchanged, and the new avx2 float entries equal the avx512_vnni
+ones: the chains' order does not depend on the vector width); the avx512_amx F16 and F32 entries were
+copied from the new avx512_vnni ones (no AMX machine was at hand; before the move every avx512_amx entry
+but BF16's products equalled its avx512_vnni twin, and AMX's BF16 products did not change).
+
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
 """

@@ -67,8 +67,9 @@ class CPUBackend(Backend):
         runtime = (runtime or Runtime.resolve()).with_arguments(threads=threads, repack=repack)
         self.runtime = runtime
         self.threads = runtime.threads or host.physical_cores()
-        # Re-lay Q4_K matrices 16 rows at a time at their first product (matmul.PackedWeights), and BF16
-        # ones in AMX tiles where the CPU has them (TiledWeights), as llama.cpp repacks;
+        # Re-lay Q4_K and Q4_0 matrices 16 rows at a time at their first product (matmul.PackedWeights),
+        # and float ones as 16-row panels (BF16: AMX tiles where the CPU has them; TiledWeights), as
+        # llama.cpp repacks;
         # LOCALLLM_REPACK=0 keeps every weight in the file's layout.
         self.repack = runtime.repack
         if self.threads < 1:

@@ -49,8 +49,10 @@ def blas_min_rows(qt: QuantType) -> int:
     prompt length measured (Gemma 3 270M, one thread, ms at T=64 / 512, BLAS with the AVX2 kernels
     against integer: Q5_0 640x2048 1.61/0.72, 11.55/5.86; Q6_K 2048x640 1.73/0.69, 12.15/5.50; Q4_K
     1024x640 0.82/0.36, 6.30/3.07; Llama-3-8B shapes, T=64: Q4_K 4096x14336 118/36), and about even
-    with the AVX-512 kernels' GEMM alone, before their dequantization."""
-    return INTEGER_ALWAYS if has_multirow_kernels(qt) or has_fast_tiles(qt) else BLAS_MIN_ROWS
+    with the AVX-512 kernels' GEMM alone, before their dequantization; nor for the types with a matrix
+    kernel (the float types: KernelRecord.matrix), which takes every product of their matrices."""
+    by_kernels = has_multirow_kernels(qt) or has_fast_tiles(qt) or kernel_record(qt).matrix is not None
+    return INTEGER_ALWAYS if by_kernels else BLAS_MIN_ROWS
 
 
 def has_fast_tiles(qt: QuantType) -> bool:
@@ -87,10 +89,9 @@ def gather_rows_kernel(qt: QuantType):
 
 
 def matvec_kernel(qt: QuantType):
-    """The decode's matvec(weights, out, *activation): the type's own where its record has one, else the
-    generated driver's."""
-    own = kernel_record(qt).matvec
-    return own if own is not None else drivers(qt).matvec
+    """The decode's matvec(weights, out, *activation) over a matrix's file rows (the generated driver's),
+    for the types without a matrix kernel (matrix_kernel: the float types' decode goes through theirs)."""
+    return drivers(qt).matvec
 
 
 def dequant_rows_kernel(qt: QuantType):
@@ -285,8 +286,9 @@ class PackedWeights:
 
 
 class TiledWeights:
-    """A matrix re-laid for its type's matrix kernel (the kernel record's `matrix`: BF16 on AMX, each
-    tile's 1 KiB contiguous, so that decode streams the matrix in order), made once per weight at its first
+    """A matrix re-laid for its type's matrix kernel (the kernel record's `matrix`: the float types' 16-row
+    panels, float_panels.pack; BF16 on AMX, each tile's 1 KiB contiguous; either way decode streams the
+    matrix in order), made once per weight at its first
     product as PackedWeights is, the mapped pages then released. Products equal the matrix kernel's on
     the file's rows bit for bit (the tiles hold the same bytes), so the basic tier, which re-lays
     nothing, computes the same."""

@@ -4,8 +4,8 @@ statement of the layout, the products against float64 within the bound the parts
 every batch size, thread count and layout (the stream and the grid, the file's rows and the re-laid copy),
 and the backend's use of them (every product of a BF16 matrix, in both tiers; never F16's).
 
-Only on a CPU with AMX whose OS grants the tile registers: elsewhere BF16 takes float_grid's kernels,
-which test_quant_float_grid.py checks, and nothing here can run."""
+Only on a CPU with AMX whose OS grants the tile registers: elsewhere BF16 takes float_panels' kernels,
+which test_quant_float_panels.py checks, and nothing here can run."""
 
 from __future__ import annotations
 
@@ -129,9 +129,9 @@ def test_special_values_give_the_same_result_at_every_batch_size():
 def test_bf16_matrices_take_the_tiles_and_f16_ones_never():
     rng = np.random.default_rng(4)
     raw, _ = _bf16_rows(rng, 24, 640)
-    assert matrix_kernel(BF16, raw) is kernel_record("BF16").matrix
-    assert matrix_kernel(BF16, np.ascontiguousarray(raw[:, :-2])) is None  # K = 639: not a whole chunk
-    assert matrix_kernel(quant.get("F16"), raw) is None and kernel_record("F16").matrix is None
+    assert matrix_kernel(BF16, raw) is kernel_record("BF16").matrix and amx.suits(raw)
+    assert not amx.suits(np.ascontiguousarray(raw[:, :-2]))  # K = 639: not a whole chunk (float_panels')
+    assert kernel_record("F16").matrix.matmul is not kernel_record("BF16").matrix.matmul  # F16: float_panels'
     x = rng.normal(0, 1, (3, 640)).astype(np.float32)
     want = np.zeros((3, 24), np.float32)
     amx.matmul(raw, x, want, 1)

@@ -130,12 +130,12 @@ def _blas_threads() -> int:
     return min(info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas")
 
 
-@pytest.mark.parametrize("qtype,tiles", [("Q8_0", True), ("F16", False), ("F16", True)])
+@pytest.mark.parametrize("qtype,tiles", [("Q8_0", True), ("F16", False), ("F16", True), ("Q4_1", False), ("Q4_1", True)])
 def test_blas_keeps_its_threads_only_for_models_whose_products_use_it(tmp_path, monkeypatch, qtype, tiles):
-    """With every matrix on the integer kernels, BLAS serves prefill attention only, on one thread
-    (its idle workers slowed the two-thread integer products); float weights multiply through BLAS where
-    their grid kernel is not used (tiles False: as on a target without AVX-512 VNNI), through the grid
-    where it is (then on one BLAS thread too)."""
+    """With every matrix on our own kernels, BLAS serves prefill attention only, on one thread (its idle
+    workers slowed the two-thread products); a type without multi-row kernels (Q4_1) multiplies a prompt
+    through BLAS where its tile kernel is not used (tiles False: as on a target without AVX-512 VNNI), and
+    then BLAS keeps the backend's threads. Float weights never take BLAS (float_panels, on every target)."""
     import localllm
     from tiny_models import write_tiny_model
 
@@ -144,7 +144,7 @@ def test_blas_keeps_its_threads_only_for_models_whose_products_use_it(tmp_path, 
 
     if not tiles:
         monkeypatch.setattr(matmul, "_tiles_available", lambda: False)
-    products_use_blas = qtype == "F16" and not (tiles and available())
+    products_use_blas = qtype == "Q4_1" and not (tiles and available())
     model = localllm.load(write_tiny_model(tmp_path / f"{qtype}.gguf", "llama", qtype), n_ctx=64, threads=2)
     model.logits(list(range(2, 42)))  # a prefill through BLAS attention (40 rows)
     assert _blas_threads() == (2 if products_use_blas else 1)

@@ -23,13 +23,11 @@ A type's record names everything the CPU backend runs for it (formats: localllm/
             target has AVX-512 VNNI);
     packed: the tile kernel on rows re-laid 16 at a time at load (x16), at every batch size.
 Every multi-row result equals vec_dot's bit for bit, so a row's value does not depend on the batch.
-- `matvec`: where the type has its own, the decode's matrix-vector product matvec(weights, out,
-  *activation) (F32, F16, BF16: four weight rows a quarter of the matrix apart a step, float_grid.float_matvec); the others
-  take the generated driver's (drivers.py), a vec_dot per row or the grid's dot_4x1;
-- `matrix`: where the target has it, a kernel that takes a matrix's products at every batch size, the
-  one-row ones included, in its own order (BF16 on AMX: amx.py): every product of such a matrix goes
-  through it, so a row's value still does not depend on the batch; vec_dot and the multi-row kernels
-  serve the matrices it does not take (`suits`) and the targets without it.
+- `matrix`: a kernel that takes a matrix's products at every batch size, the one-row ones included, in
+  its own order: every product of such a matrix goes through it, so a row's value still does not depend
+  on the batch. The float types (F32, F16, BF16: float_panels.py, 16 rows as the lanes of a vector, one
+  chain of fused multiply-adds per output, vec_dot's order; BF16 on AMX's tiles where the CPU has them:
+  amx.py) take every matrix (`suits`); the quantized types have none.
 
 The generated drivers (drivers.py) take every kernel from the record. Adding a type: its kernel module
 here and one entry in `_TABLE`.
@@ -128,7 +126,6 @@ class KernelRecord:
     tiles: Optional[TileKernel] = None
     packed: Optional[PackedKernel] = None
     matrix: Optional[MatrixKernel] = None
-    matvec: Optional[Callable] = None
 
     @property
     def name(self) -> str:
@@ -155,26 +152,22 @@ class KernelRecord:
 
 def _f32() -> KernelRecord:
     from . import f32 as k
+    from .float_panels import suits
 
-    return KernelRecord(quant.get("F32"), k.vec_dot, quant.get("F32").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS),
-                        matvec=k.matvec)
+    return KernelRecord(quant.get("F32"), k.vec_dot, quant.get("F32").dequantize_row, matrix=MatrixKernel(k.matmul, suits, k.pack))
 
 
 def _f16() -> KernelRecord:
     from . import f16 as k
+    from .float_panels import suits
 
-    return KernelRecord(quant.get("F16"), k.vec_dot, quant.get("F16").dequantize_row, tiles=TileKernel(k.matvec_tiles, k.MIN_ROWS),
-                        matvec=k.matvec)
+    return KernelRecord(quant.get("F16"), k.vec_dot, quant.get("F16").dequantize_row, matrix=MatrixKernel(k.matmul, suits, k.pack))
 
 
 def _bf16() -> KernelRecord:
-    from . import amx
     from . import bf16 as k
 
-    tiles = TileKernel(k.matvec_tiles, k.MIN_ROWS)
-    matrix = MatrixKernel(amx.matmul, amx.suits, amx.pack)
-    return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, tiles=tiles, matrix=matrix,
-                        matvec=k.matvec)
+    return KernelRecord(quant.get("BF16"), k.vec_dot, quant.get("BF16").dequantize_row, matrix=MatrixKernel(k.matmul, k.suits, k.pack))
 
 
 def _q4_0() -> KernelRecord:

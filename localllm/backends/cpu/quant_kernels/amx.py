@@ -1,7 +1,7 @@
 """BF16 weight products on AMX's tile unit (`tdpbf16ps`), on the CPUs that have it (Intel Xeon from
 Sapphire Rapids on), at every batch size: decode, batched decode and prefill.
 
-Why: float weights are bound by the fused multiply-adds of float_grid (where llama.cpp's F16 and BF16
+Why: float weights are bound by the fused multiply-adds (float_panels, where llama.cpp's F16 and BF16
 paths sit too), while one `tdpbf16ps` multiplies a 16 x 32 tile of bfloat16 by a 32 x 16 one into 16 x
 16 float32 sums in about the time of a dozen of those fused multiply-adds, whatever the tiles' shapes
 (docs/performance.md has the figures).
@@ -21,13 +21,13 @@ does not depend on the batch it is in, nor on the layout the weights are read fr
 
 Operands: weights are the A operand (16 weight rows x 64 bytes), read from the file's rows (stride: the
 row's bytes) or from `pack`'s re-laid copy, where each tile's 1 KiB is contiguous and decode streams the
-matrix in order, as fast as float_grid's one-row kernel (from the rows, 16 rows at a time, it does not
+matrix in order, as fast as the fused multiply-adds' one-row kernel of the time (from the rows, 16 rows at a time, it does not
 keep up); the activations are the B operand (K/2 rows of pairs, up to 16 activation rows across:
 `split_activations`); the sums are C tiles (16 weight rows x up to 16 activation rows). K must be a
-multiple of CHUNK (every matrix of the models we run; the others take float_grid's kernels, at every
-batch size).
+multiple of CHUNK (every matrix of the models we run; the others take float_panels' kernels, at every
+batch size: bf16.py decides).
 
-F16 weights take float_grid's kernels everywhere: an F16 weight is two bfloat16 parts (8 + 3 significant
+F16 weights take float_panels' kernels everywhere: an F16 weight is two bfloat16 parts (8 + 3 significant
 bits), and splitting them on the fly costs more than the products save in decode (docs/performance.md).
 
 The tile instructions, and the OS's grant of the tile registers that must come before them, are in
@@ -67,7 +67,7 @@ PREFETCH_AHEAD = 4096  # bytes ahead of a tile in the re-laid copy (four tiles)
 # - the stream (one group: decode): two sums over 16 weight rows (S_hi, S_mid), and the weight and
 #   activation tiles twice, for even and odd chunks: a tile register is not renamed, so the next chunk's
 #   loads would wait for the products still reading this chunk's tiles (with one set, decode streamed
-#   ~15% slower than float_grid's one-row kernel).
+#   ~15% slower than the fused multiply-adds' one-row kernel of the time).
 T_S0, T_S1, T_S2, T_S3, T_A0, T_A1, T_B0, T_B1 = range(8)
 T_HI, T_MID, T_A_EVEN, T_A_ODD, T_BH_EVEN, T_BM_EVEN, T_BH_ODD, T_BM_ODD = range(8)
 

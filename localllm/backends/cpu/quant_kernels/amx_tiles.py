@@ -38,7 +38,7 @@ def target_has_amx() -> bool:
 @lru_cache(maxsize=1)
 def available() -> bool:
     """Whether this process may run the tile kernels: the target has AMX and the OS granted the tile
-    registers (asked once; a refusal leaves float_grid's kernels)."""
+    registers (asked once; a refusal leaves float_panels' kernels)."""
     if sys.platform != "linux" or platform.machine() != "x86_64" or not target_has_amx():
         return False
     libc = ctypes.CDLL(None, use_errno=True)

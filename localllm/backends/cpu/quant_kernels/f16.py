@@ -1,24 +1,26 @@
-"""F16's CPU kernels: float_grid's dot products on F16 weight rows against float32 activations."""
+"""F16's CPU kernels: float_panels' chains of fused multiply-adds on F16 weight rows against float32
+activations, 16 rows as the lanes of a vector (every product of an F16 matrix takes `matmul`)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ....jit import exact_kernel
-from .float_grid import F16, MIN_ROWS, float_dot, float_matvec, float_matvec_tiles  # noqa: F401 (MIN_ROWS: the record's)
+from . import float_panels
+from .float_panels import F16, NOT_PACKED, float_dot, panels_matmul
 
 
 @exact_kernel
 def vec_dot(w, x):
-    """w: uint8[row_bytes] weight row; x: float32[n] activation (float_grid's order)."""
+    """w: uint8[row_bytes] weight row; x: float32[n] activation (float_panels' order: one chain)."""
     return float_dot(w, x, F16)
 
 
-@exact_kernel
-def matvec(weights, out, x):
-    """out[r] = vec_dot(weights[r], x) for every row r, four rows a part of the matrix apart a step (float_grid.float_matvec)."""
-    float_matvec(weights, out, x, F16)
+def pack(weights: np.ndarray) -> np.ndarray:
+    """The matrix's rows re-laid as float_panels' panels."""
+    return float_panels.pack(weights, F16)
 
 
-@exact_kernel
-def matvec_tiles(weights, out, x):
-    """out[t, r] = vec_dot(weights[r], x[t]) for r < N - N % 16 (float_grid.float_matvec_tiles)."""
-    float_matvec_tiles(weights, out, x, F16)
+def matmul(weights: np.ndarray, x: np.ndarray, out: np.ndarray, threads: int, packed: np.ndarray = NOT_PACKED) -> None:
+    """out[T, N] = x[T, K] @ W.T (MatrixKernel.matmul), from `pack`'s panels or the file's rows."""
+    panels_matmul(weights, packed, x, out, F16)

@@ -1,6 +1,6 @@
 """SIMD lane helpers written as LLVM vector IR: float32 x float16 dot products and axpys in a fixed
-order (the decode attention's key and value rows), a cache-line prefetch, and the halving sums that
-float_grid's dot products share.
+order (the decode attention's key and value rows), a cache-line prefetch, and halving sums that
+several dot products share.
 
 The dots and axpys are Numba intrinsics (llvmlite code generation), used by the CPU backend's
 attention kernels.

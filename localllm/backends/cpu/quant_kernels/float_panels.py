@@ -1,0 +1,465 @@
+"""Products of float weight matrices (F32, F16, BF16) with float32 activations, 16 weight rows as the
+lanes of a vector: these types' matrix kernel (KernelRecord.matrix), which takes every product of a
+matrix at every batch size, and their one-row vec_dot.
+
+One order for every output: x[t] . w[r] is a single chain of fused multiply-adds over k = 0, 1, ...,
+K - 1 in order, starting from +0: acc = fma(w[r, k], x[t, k], acc), each weight widened to float32
+exactly (F16: vcvtph2ps; BF16: its 16 bits moved to the top of a word). The kernels differ only in how
+many chains they run side by side, so every output has the same bits in all of them, at every batch
+size and on every vector target:
+- vec_dot: one chain (a row and an activation);
+- on re-laid panels (`pack`: panel p holds rows 16p..16p+15 k-major, the 16 rows' weights at each k
+  side by side): the grid, GRID_P panels x GRID_T activation rows = 24 vectors of 16 chains, each
+  weight vector loaded once for GRID_T rows and each activation element broadcast to 16 rows (prompts);
+  and decode, STREAMS panels a part of the matrix apart a step, so that each thread reads STREAMS runs
+  of the matrix side by side;
+- on the file's rows (the basic tier, or LOCALLLM_REPACK=0): 16 rows at a time, each 16 x 16 block of
+  weights transposed in registers;
+- the last N % 16 rows: one chain each.
+
+Why rows as lanes: a dot product with its lanes along the row (float_grid, before) ends in a horizontal
+sum of 16 lanes and needs a grid of 4 x 4 dots to reuse its loads; it ran at 76-87% of the fused
+multiply-adds' peak on one Zen 4 thread (44-51 of 58.5 GMAC/s at Gemma 3 270M's shapes). Here no dot ends
+in a horizontal sum and 24 accumulators hide the FMA's latency: 90-97% (53-57; docs/performance.md). A
+chain is a less balanced sum than 16 lanes added by halves; its error bound (K u) stays far below the
+weights' own rounding (F16's 11 significant bits, BF16's 8) at every K of the models we run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from ....jit import exact_kernel
+
+PANEL = 16  # weight rows per panel: the float32 lanes of one AVX-512 register
+GRID_P, GRID_T = 4, 6  # the prompt grid: panels x activation rows (24 accumulators of 32 registers)
+STREAMS = 4  # decode: panels this many parts of the matrix apart, read side by side
+
+# The weight kinds, as the kernels take them (a constant at each type's call site).
+F32, F16, BF16 = 0, 1, 2
+_KINDS = ("f32", "f16", "bf16")
+ELEMENT_BYTES = (4, 2, 2)
+
+NOT_PACKED = np.zeros((0, 0), dtype=np.uint8)  # the matrix kernel's `packed` when it reads the file's rows
+
+
+def pack(weights: np.ndarray, kind: int) -> np.ndarray:
+    """The first N - N % 16 rows of weights (uint8[N, K * element bytes]) re-laid as panels:
+    uint8[N // 16, K * 16 * element bytes], panel p's bytes at k the weights of rows 16p..16p+15 at k."""
+    element = np.uint32 if ELEMENT_BYTES[kind] == 4 else np.uint16
+    n_panels = weights.shape[0] // PANEL
+    rows = np.ascontiguousarray(weights[: n_panels * PANEL]).view(element)  # [16 P, K] (a view of the mapped rows)
+    panels = np.empty((n_panels, rows.shape[1] * PANEL), dtype=element)
+    _pack_into(rows, panels)
+    return panels.view(np.uint8)
+
+
+@exact_kernel(parallel=True)
+def _pack_into(rows, panels):
+    """panels[p, 16 k + l] = rows[16 p + l, k] (NumPy's transpose copy of the same took ~10x longer:
+    1.5 s for Gemma 3's 335 MB F16 output matrix)."""
+    for p in prange(panels.shape[0]):
+        for k in range(rows.shape[1]):
+            for lane in range(PANEL):
+                panels[p, k * PANEL + lane] = rows[p * PANEL + lane, k]
+
+
+# ----- code generation -----
+
+def _vector(kind: str, builder, pointer):
+    """<16 x float> from 16 consecutive weights at `pointer` (float* for f32, i16* for f16 / bf16)."""
+    f32x16 = ir.VectorType(ir.FloatType(), PANEL)
+    if kind == "f32":
+        return builder.load(builder.bitcast(pointer, f32x16.as_pointer()), align=4)
+    shorts = builder.load(builder.bitcast(pointer, ir.VectorType(ir.IntType(16), PANEL).as_pointer()), align=2)
+    if kind == "f16":
+        return builder.fpext(builder.bitcast(shorts, ir.VectorType(ir.HalfType(), PANEL)), f32x16)
+    words = builder.shl(builder.zext(shorts, ir.VectorType(ir.IntType(32), PANEL)),
+                        ir.Constant(ir.VectorType(ir.IntType(32), PANEL), [16] * PANEL))
+    return builder.bitcast(words, f32x16)
+
+
+def _scalar(kind: str, builder, pointer):
+    """float from one weight at `pointer`, widened as _vector does."""
+    if kind == "f32":
+        return builder.load(pointer)
+    short = builder.load(pointer)
+    if kind == "f16":
+        return builder.fpext(builder.bitcast(short, ir.HalfType()), ir.FloatType())
+    return builder.bitcast(builder.shl(builder.zext(short, ir.IntType(32)), ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+
+
+def _element(kind: str):
+    """The LLVM type of one stored weight: float for f32, the 16 bits of f16 / bf16."""
+    return ir.FloatType() if kind == "f32" else ir.IntType(16)
+
+
+def _i64(builder, value):
+    return builder.sext(value, ir.IntType(64)) if value.type.width < 64 else value
+
+
+def _rows_of(context, builder, array_type, array, firsts, element):
+    """Pointers (element*) to the given rows of a 2D array (row stride from the array; the elements of a
+    row contiguous)."""
+    arr = context.make_array(array_type)(context, builder, array)
+    stride = cgutils.unpack_tuple(builder, arr.strides)[0]
+    base = builder.bitcast(arr.data, ir.IntType(8).as_pointer())
+    return [builder.bitcast(builder.gep(base, [builder.mul(_i64(builder, r), stride)]), element.as_pointer()) for r in firsts]
+
+
+def _columns(context, builder, array_type, array):
+    return cgutils.unpack_tuple(builder, context.make_array(array_type)(context, builder, array).shape)[1]
+
+
+def _broadcast(builder, value):
+    """<16 x float> with every lane `value`."""
+    f32x16 = ir.VectorType(ir.FloatType(), PANEL)
+    one = builder.insert_element(ir.Constant(f32x16, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    return builder.shuffle_vector(one, ir.Constant(f32x16, ir.Undefined), ir.Constant(ir.VectorType(ir.IntType(32), PANEL), [0] * PANEL))
+
+
+def _fma(builder):
+    f32x16 = ir.VectorType(ir.FloatType(), PANEL)
+    return cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
+
+
+def _transposed(builder, rows):
+    """The 16 x 16 transpose of 16 <16 x float> (rows[r][c] -> result[c][r]): four butterfly stages,
+    stage b (1, 2, 4, 8) exchanging, between rows r and r + b (bit b of r clear), the elements whose
+    row and column differ in bit b."""
+    index = ir.VectorType(ir.IntType(32), PANEL)
+    rows = list(rows)
+    for b in (1, 2, 4, 8):
+        low_mask = [c if not c & b else PANEL + c - b for c in range(PANEL)]  # row r: its own or r + b's
+        high_mask = [PANEL + c if c & b else c + b for c in range(PANEL)]  # row r + b
+        for r in range(PANEL):
+            if r & b:
+                continue
+            a, other = rows[r], rows[r + b]
+            rows[r] = builder.shuffle_vector(a, other, ir.Constant(index, low_mask))
+            rows[r + b] = builder.shuffle_vector(a, other, ir.Constant(index, high_mask))
+    return rows
+
+
+def _store_sums(builder, accs, out_rows, first_column):
+    """Each accumulator accs[j] (16 sums) to out_rows[j][first_column : first_column + 16]."""
+    f32x16 = ir.VectorType(ir.FloatType(), PANEL)
+    for acc, row in zip(accs, out_rows):
+        builder.store(builder.load(acc), builder.bitcast(builder.gep(row, [first_column]), f32x16.as_pointer()), align=4)
+
+
+def grid_intrinsic(kind: str, n_p: int, n_t: int):
+    """grid(packed, p0, step, x, t0, out): out[t0 + j, 16 p : 16 p + 16] for the panels p = p0 + i * step
+    (i < n_p) of `packed` (uint8[P, K * 16 * element]) and the activation rows t0 + j (j < n_t) of x
+    (float32[T, K]), each lane one chain."""
+
+    @intrinsic
+    def grid(typingctx, packed, p0, step, x, t0, out):
+        sig = types.void(packed, p0, step, x, t0, out)
+
+        def codegen(context, builder, signature, args):
+            packed_, p0_, step_, x_, t0_, out_ = args
+            p_type, _, _, x_type, _, o_type = signature.args
+            i64 = ir.IntType(64)
+            panels = [builder.add(_i64(builder, p0_), builder.mul(_i64(builder, step_), i64(i))) for i in range(n_p)]
+            t_rows = [builder.add(_i64(builder, t0_), i64(j)) for j in range(n_t)]
+            w_rows = _rows_of(context, builder, p_type, packed_, panels, _element(kind))
+            x_rows = _rows_of(context, builder, x_type, x_, t_rows, ir.FloatType())
+            out_rows = _rows_of(context, builder, o_type, out_, t_rows, ir.FloatType())
+            fma = _fma(builder)
+            zero = ir.Constant(ir.VectorType(ir.FloatType(), PANEL), [0.0] * PANEL)
+            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(n_t)] for _ in range(n_p)]
+            with cgutils.for_range(builder, _i64(builder, _columns(context, builder, x_type, x_))) as loop:
+                k = loop.index
+                ws = [_vector(kind, builder, builder.gep(row, [builder.mul(k, i64(PANEL))])) for row in w_rows]
+                for j in range(n_t):
+                    xb = _broadcast(builder, builder.load(builder.gep(x_rows[j], [k])))
+                    for i in range(n_p):
+                        builder.store(builder.call(fma, [ws[i], xb, builder.load(accs[i][j])]), accs[i][j])
+            for i in range(n_p):
+                _store_sums(builder, accs[i], out_rows, builder.mul(panels[i], i64(PANEL)))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return grid
+
+
+def rows_intrinsic(kind: str, n_t: int):
+    """rows(weights, r0, x, t0, out): out[t0 + j, r0 : r0 + 16] for the file's rows r0..r0+15 of
+    `weights` (uint8[N, K * element]), j < n_t, each lane one chain: every 16 x 16 block of weights
+    transposed in registers, the last K % 16 columns gathered one weight at a time."""
+
+    @intrinsic
+    def rows(typingctx, weights, r0, x, t0, out):
+        sig = types.void(weights, r0, x, t0, out)
+
+        def codegen(context, builder, signature, args):
+            w_, r0_, x_, t0_, out_ = args
+            w_type, _, x_type, _, o_type = signature.args
+            i64 = ir.IntType(64)
+            f32x16 = ir.VectorType(ir.FloatType(), PANEL)
+            first = _i64(builder, r0_)
+            w_rows = _rows_of(context, builder, w_type, w_, [builder.add(first, i64(r)) for r in range(PANEL)], _element(kind))
+            t_rows = [builder.add(_i64(builder, t0_), i64(j)) for j in range(n_t)]
+            x_rows = _rows_of(context, builder, x_type, x_, t_rows, ir.FloatType())
+            out_rows = _rows_of(context, builder, o_type, out_, t_rows, ir.FloatType())
+            fma = _fma(builder)
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(f32x16, [0.0] * PANEL)) for _ in range(n_t)]
+            n = _i64(builder, _columns(context, builder, x_type, x_))
+
+            def step(k, weights_at_k):
+                for j in range(n_t):
+                    xb = _broadcast(builder, builder.load(builder.gep(x_rows[j], [k])))
+                    builder.store(builder.call(fma, [weights_at_k, xb, builder.load(accs[j])]), accs[j])
+
+            with cgutils.for_range(builder, builder.udiv(n, i64(PANEL))) as loop:
+                at = builder.mul(loop.index, i64(PANEL))
+                block = _transposed(builder, [_vector(kind, builder, builder.gep(row, [at])) for row in w_rows])
+                for c in range(PANEL):
+                    step(builder.add(at, i64(c)), block[c])
+            tail_start = builder.sub(n, builder.urem(n, i64(PANEL)))
+            with cgutils.for_range(builder, builder.urem(n, i64(PANEL))) as loop:
+                k = builder.add(tail_start, loop.index)
+                gathered = ir.Constant(f32x16, ir.Undefined)
+                for r, row in enumerate(w_rows):
+                    gathered = builder.insert_element(gathered, _scalar(kind, builder, builder.gep(row, [k])), ir.Constant(ir.IntType(32), r))
+                step(k, gathered)
+            _store_sums(builder, accs, out_rows, first)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return rows
+
+
+def chain_intrinsic(kind: str):
+    """chain(w, x) -> float32: one weight row (uint8[K * element]) and one activation (float32[>= K]),
+    one chain over the row's K weights."""
+
+    @intrinsic
+    def chain(typingctx, w, x):
+        sig = types.float32(w, x)
+
+        def codegen(context, builder, signature, args):
+            w_, x_ = args
+            w_type, x_type = signature.args
+            w_arr = context.make_array(w_type)(context, builder, w_)
+            x_arr = context.make_array(x_type)(context, builder, x_)
+            w_ptr = builder.bitcast(w_arr.data, _element(kind).as_pointer())
+            x_ptr = builder.bitcast(x_arr.data, ir.FloatType().as_pointer())
+            size = {"f32": 4, "f16": 2, "bf16": 2}[kind]
+            n = builder.udiv(_i64(builder, cgutils.unpack_tuple(builder, w_arr.shape)[0]), ir.Constant(ir.IntType(64), size))
+            fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 3), "llvm.fma.f32")
+            acc = cgutils.alloca_once_value(builder, ir.Constant(ir.FloatType(), 0.0))
+            with cgutils.for_range(builder, n) as loop:
+                k = loop.index
+                product = [_scalar(kind, builder, builder.gep(w_ptr, [k])), builder.load(builder.gep(x_ptr, [k]))]
+                builder.store(builder.call(fma, product + [builder.load(acc)]), acc)
+            return builder.load(acc)
+
+        return sig, codegen
+
+    return chain
+
+
+_SHAPES = [(GRID_P, t) for t in range(1, GRID_T + 1)] + [(1, GRID_T), (1, 1)]
+_grid = {(kind, n_p, n_t): grid_intrinsic(kind, n_p, n_t) for kind in _KINDS for n_p, n_t in _SHAPES}
+_rows = {(kind, n_t): rows_intrinsic(kind, n_t) for kind in _KINDS for n_t in (GRID_T, 1)}
+_chain = {kind: chain_intrinsic(kind) for kind in _KINDS}
+
+f32_4x6, f32_4x5, f32_4x4, f32_4x3, f32_4x2, f32_4x1, f32_1x6, f32_1x1 = (_grid["f32", p, t] for p, t in sorted(_SHAPES, reverse=True))
+f16_4x6, f16_4x5, f16_4x4, f16_4x3, f16_4x2, f16_4x1, f16_1x6, f16_1x1 = (_grid["f16", p, t] for p, t in sorted(_SHAPES, reverse=True))
+bf16_4x6, bf16_4x5, bf16_4x4, bf16_4x3, bf16_4x2, bf16_4x1, bf16_1x6, bf16_1x1 = (_grid["bf16", p, t] for p, t in sorted(_SHAPES, reverse=True))
+f32_rows6, f32_rows1, f16_rows6, f16_rows1, bf16_rows6, bf16_rows1 = (_rows[k, t] for k in _KINDS for t in (GRID_T, 1))
+f32_chain, f16_chain, bf16_chain = (_chain[k] for k in _KINDS)
+
+
+# ----- the kernels, the weight kind a constant argument -----
+
+@exact_kernel
+def float_dot(w, x, kind):
+    """vec_dot of the kind: w uint8[K * element] weight row, x float32[>= K] activation; one chain."""
+    if kind == F32:
+        return f32_chain(w, x)
+    if kind == F16:
+        return f16_chain(w, x)
+    return bf16_chain(w, x)
+
+
+@exact_kernel
+def _grid_wide(packed, p0, step, x, t0, out, kind):
+    """GRID_P panels (p0, p0 + step, ...) x GRID_T activation rows from t0."""
+    if kind == F32:
+        f32_4x6(packed, p0, step, x, t0, out)
+    elif kind == F16:
+        f16_4x6(packed, p0, step, x, t0, out)
+    else:
+        bf16_4x6(packed, p0, step, x, t0, out)
+
+
+@exact_kernel
+def _grid_panels(packed, p0, step, x, t0, out, kind):
+    """GRID_P panels x one activation row."""
+    if kind == F32:
+        f32_4x1(packed, p0, step, x, t0, out)
+    elif kind == F16:
+        f16_4x1(packed, p0, step, x, t0, out)
+    else:
+        bf16_4x1(packed, p0, step, x, t0, out)
+
+
+@exact_kernel
+def _grid_last(packed, p0, x, t0, n_t, out, kind):
+    """GRID_P panels x the last n_t < GRID_T activation rows, at once (so that each of the 4 n_t chains
+    of a step is independent: one row alone runs at half the FMAs' rate, bound by their latency)."""
+    if kind == F32:
+        if n_t == 5:
+            f32_4x5(packed, p0, 1, x, t0, out)
+        elif n_t == 4:
+            f32_4x4(packed, p0, 1, x, t0, out)
+        elif n_t == 3:
+            f32_4x3(packed, p0, 1, x, t0, out)
+        elif n_t == 2:
+            f32_4x2(packed, p0, 1, x, t0, out)
+        else:
+            f32_4x1(packed, p0, 1, x, t0, out)
+    elif kind == F16:
+        if n_t == 5:
+            f16_4x5(packed, p0, 1, x, t0, out)
+        elif n_t == 4:
+            f16_4x4(packed, p0, 1, x, t0, out)
+        elif n_t == 3:
+            f16_4x3(packed, p0, 1, x, t0, out)
+        elif n_t == 2:
+            f16_4x2(packed, p0, 1, x, t0, out)
+        else:
+            f16_4x1(packed, p0, 1, x, t0, out)
+    elif n_t == 5:
+        bf16_4x5(packed, p0, 1, x, t0, out)
+    elif n_t == 4:
+        bf16_4x4(packed, p0, 1, x, t0, out)
+    elif n_t == 3:
+        bf16_4x3(packed, p0, 1, x, t0, out)
+    elif n_t == 2:
+        bf16_4x2(packed, p0, 1, x, t0, out)
+    else:
+        bf16_4x1(packed, p0, 1, x, t0, out)
+
+
+@exact_kernel
+def _grid_rows(packed, p, x, t0, out, kind):
+    """One panel x GRID_T activation rows."""
+    if kind == F32:
+        f32_1x6(packed, p, 1, x, t0, out)
+    elif kind == F16:
+        f16_1x6(packed, p, 1, x, t0, out)
+    else:
+        bf16_1x6(packed, p, 1, x, t0, out)
+
+
+@exact_kernel
+def _grid_one(packed, p, x, t0, out, kind):
+    """One panel x one activation row."""
+    if kind == F32:
+        f32_1x1(packed, p, 1, x, t0, out)
+    elif kind == F16:
+        f16_1x1(packed, p, 1, x, t0, out)
+    else:
+        bf16_1x1(packed, p, 1, x, t0, out)
+
+
+@exact_kernel
+def _file_rows(weights, r0, x, t0, out, wide, kind):
+    """The file's rows r0..r0+15 x GRID_T activation rows (wide) or one."""
+    if kind == F32:
+        if wide:
+            f32_rows6(weights, r0, x, t0, out)
+        else:
+            f32_rows1(weights, r0, x, t0, out)
+    elif kind == F16:
+        if wide:
+            f16_rows6(weights, r0, x, t0, out)
+        else:
+            f16_rows1(weights, r0, x, t0, out)
+    elif wide:
+        bf16_rows6(weights, r0, x, t0, out)
+    else:
+        bf16_rows1(weights, r0, x, t0, out)
+
+
+@exact_kernel(parallel=True)
+def _decode_packed(packed, x, out, kind):
+    """out[0, :16 P] for one activation row: step i takes panel i of each of STREAMS parts of the
+    matrix, the last P % STREAMS panels one by one."""
+    n_panels = packed.shape[0]
+    q = n_panels // STREAMS
+    for i in prange(q):
+        _grid_panels(packed, i, q, x, 0, out, kind)
+    for p in range(STREAMS * q, n_panels):
+        _grid_one(packed, p, x, 0, out, kind)
+
+
+@exact_kernel(parallel=True)
+def _prompt_packed(packed, x, out, kind):
+    """out[:, :16 P] for several activation rows: groups of GRID_P panels in parallel (then the last
+    P % GRID_P panels alone), GRID_T activation rows at a time, then the last T % GRID_T together (one
+    by one for the last panels)."""
+    n_panels, n_rows = packed.shape[0], x.shape[0]
+    n_groups = n_panels // GRID_P
+    for u in prange(n_groups + n_panels % GRID_P):
+        t = 0
+        if u < n_groups:
+            while t + GRID_T <= n_rows:
+                _grid_wide(packed, u * GRID_P, 1, x, t, out, kind)
+                t += GRID_T
+            if t < n_rows:
+                _grid_last(packed, u * GRID_P, x, t, n_rows - t, out, kind)
+        else:
+            p = n_groups * GRID_P + u - n_groups
+            while t + GRID_T <= n_rows:
+                _grid_rows(packed, p, x, t, out, kind)
+                t += GRID_T
+            while t < n_rows:
+                _grid_one(packed, p, x, t, out, kind)
+                t += 1
+
+
+@exact_kernel(parallel=True)
+def _from_file_rows(weights, x, out, kind):
+    """out[:, :N - N % 16] from the file's rows, 16 rows at a time in parallel."""
+    n_rows = x.shape[0]
+    for p in prange(weights.shape[0] // PANEL):
+        t = 0
+        while t + GRID_T <= n_rows:
+            _file_rows(weights, p * PANEL, x, t, out, True, kind)
+            t += GRID_T
+        while t < n_rows:
+            _file_rows(weights, p * PANEL, x, t, out, False, kind)
+            t += 1
+
+
+@exact_kernel
+def panels_matmul(weights, packed, x, out, kind):
+    """out[T, N] = x[T, K] @ W.T in this module's order: the first N - N % 16 rows from `packed`
+    (pack(weights, kind)) unless it is empty (NOT_PACKED: then from the file's rows), the last N % 16
+    rows one chain each."""
+    if packed.shape[0] > 0:
+        if x.shape[0] == 1:
+            _decode_packed(packed, x, out, kind)
+        else:
+            _prompt_packed(packed, x, out, kind)
+    else:
+        _from_file_rows(weights, x, out, kind)
+    for r in range(weights.shape[0] - weights.shape[0] % PANEL, weights.shape[0]):
+        for t in range(x.shape[0]):
+            out[t, r] = float_dot(weights[r], x[t], kind)
+
+
+def suits(weights: np.ndarray) -> bool:
+    """Every matrix (the order does not depend on its shape or on the target)."""
+    return weights.ndim == 2
