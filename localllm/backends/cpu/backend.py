@@ -155,7 +155,7 @@ class CPUBackend(Backend):
         """Decide where the matrices are read from (weight_memory.copies_weights, on the runtime's
         `weights` setting). Either way the file is read ahead before upload (api.load)."""
         if copies_weights(self.runtime.weights, memory.weights_bytes, memory.kv_bytes):
-            self.arena = HugePageArena(self.threads)
+            self.arena = self.layouts.arena = HugePageArena(self.threads)
 
     def upload(self, weight: Weight) -> Weight:
         if len(weight.shape) >= 2 and quant.is_supported(weight.qtype):

@@ -21,6 +21,7 @@ class WeightLayouts:
     def __init__(self, repack: bool, scratch: MatmulScratch):
         self.repack = repack
         self.scratch = scratch
+        self.arena = None  # weight_memory.HugePageArena where the backend copies its matrices: the re-laid copies go there too
         self._layouts: dict[int, tuple] = {}  # id(weight) -> (weight, its re-laid layout or its data)
         self.plans: dict[int, tuple] = {}  # id(weight) -> (weight, kernel, activation, small, packed)
 
@@ -34,7 +35,7 @@ class WeightLayouts:
             data = w.data
             layout = relaid_layout(quant.get(w.qtype), data) if self.repack and quant.is_supported(w.qtype) else None
             if layout is not None:
-                data = layout(quant.get(w.qtype), data)
+                data = layout(quant.get(w.qtype), data, self.arena)
             entry = self._layouts[id(w)] = (w, data)
         return entry[1]
 

@@ -10,8 +10,8 @@ llama.cpp reads its mapping by default (`--no-mmap` reads into ordinary memory).
 
 Why not always: the copy is private memory that cannot be dropped and re-read as the page cache can, so it
 is made only when the model fits well within the memory available (`copies_weights`). Matrices the backend
-re-lays at their first product (matmul.PackedWeights, TiledWeights) are left mapped: the re-laid copy is
-their copy.
+re-lays at their first product (matmul.PackedWeights, TiledWeights) are left mapped until then: their
+re-laid copy is their copy, placed in the same huge-page memory (`place`).
 """
 
 from __future__ import annotations
@@ -58,11 +58,17 @@ class HugePageArena:
     def copy(self, data: np.ndarray) -> np.ndarray:
         """A read-only copy of `data` (C-contiguous) in huge-page memory, same dtype and shape. Read-only
         as the file's mapping is, so that the kernels compiled for a mapped model (precompile.py) serve."""
-        slot = self._slot(data.nbytes)
-        _copy_bytes(slot, data.reshape(-1).view(np.uint8), self.threads)
-        out = slot.view(data.dtype).reshape(data.shape)
+        out = self.place(data)
         out.flags.writeable = False
         return out
+
+    def place(self, data: np.ndarray) -> np.ndarray:
+        """A copy of `data` (C-contiguous) in huge-page memory, same dtype and shape, writable as `data`
+        is: for the re-laid matrices (matmul.PackedWeights, TiledWeights), whose kernels are compiled for
+        the writable arrays their packing makes."""
+        slot = self._slot(data.nbytes)
+        _copy_bytes(slot, data.reshape(-1).view(np.uint8), self.threads)
+        return slot.view(data.dtype).reshape(data.shape)
 
     def _slot(self, nbytes: int) -> np.ndarray:
         if nbytes >= CHUNK // 4:

@@ -102,8 +102,9 @@ def _in_file_mapping(array: np.ndarray, model) -> bool:
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F16", "Q4_K", "BF16"])
 def test_copied_and_mapped_matrices_give_the_same_logits(tmp_path, qtype):
-    """Q4_K (and BF16 on AMX): on a target with its re-laid kernels the copy is the re-laid one, so upload
-    leaves it mapped."""
+    """Q4_K, F16 and BF16: on a target with their re-laid kernels (the float types: every target) the
+    copy is the re-laid one, so upload leaves the matrix mapped and the re-laid copy goes to the
+    huge-page memory."""
     path = write_tiny_model(tmp_path / f"m-{qtype}.gguf", "llama", qtype, seed=5)
     ids = np.arange(1, 40, dtype=np.int32)
     logits, models = {}, {}
@@ -118,6 +119,12 @@ def test_copied_and_mapped_matrices_give_the_same_logits(tmp_path, qtype):
     relaid_later = models["copied"].backend.repack and relaid_layout(quant.get(qtype), mapped) is not None
     assert _in_file_mapping(copied, models["copied"]) == relaid_later
     assert not copied.flags.writeable  # as the mapping: the kernels compiled for one serve the other
+    if relaid_later:  # the re-laid copy went into the huge-page memory instead, writable as made
+        backend = models["copied"].backend
+        weight = models["copied"].decoder.w["blk.0.ffn_up.weight"]
+        packed = backend.layouts.layout_of(weight).packed
+        assert np.shares_memory(packed, backend.arena._chunk) and packed.flags.writeable
+        assert models["mapped"].backend.layouts.arena is None
 
 
 def test_an_embedding_table_only_gathered_from_stays_mapped(tmp_path):
