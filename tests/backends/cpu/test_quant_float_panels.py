@@ -19,7 +19,7 @@ from localllm import quant
 from localllm.backends.base import Weight
 from localllm.backends.cpu import CPUBackend
 from localllm.backends.cpu.matmul import BLAS_MIN_ROWS, MatmulScratch, TiledWeights, matmul, matmul_rows, matrix_kernel
-from localllm.backends.cpu.quant_kernels import amx, float_panels, kernel_record
+from localllm.backends.cpu.quant_kernels import amx, float_panels, kernel_record, vector
 
 TYPES = ("F32", "F16", "BF16")
 KIND = {"F32": float_panels.F32, "F16": float_panels.F16, "BF16": float_panels.BF16}
@@ -110,6 +110,56 @@ def test_every_batch_size_layout_and_thread_count_gives_vec_dots_bits(name, n_ro
                     for packed in (True, False):
                         got = _panels(name, raw, x[:t], packed)
                         np.testing.assert_array_equal(bits(got), bits(want[:t]), err_msg=f"{name} N={n_rows} K={k} T={t} packed={packed} threads={threads}")
+
+
+def _grid_caller(grid):
+    """A fresh compile of one grid intrinsic (its code made now, for vector.VECTOR_ISA as it is)."""
+
+    def call(packed, p0, step, x, t0, out):
+        grid(packed, p0, step, x, t0, out)
+
+    return numba.njit(call)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_every_grid_shape_gives_vec_dots_bits_on_every_isa(name):
+    # On targets without AVX-512 a grid's panels go through K in groups that fit 16 registers
+    # (panels_per_loop); each output is still its one chain. 9 panels, every grid shape from panel 1,
+    # panels 2 apart; K with a tail past a multiple of 16.
+    rng = np.random.default_rng(29)
+    k = 37
+    raw = _rows(name, rng, 9 * 16, k)
+    x = rng.normal(0, 2, (8, k)).astype(np.float32)
+    want = _vec_dots(name, raw, x)
+    packed = float_panels.pack(raw, KIND[name])
+    kind = float_panels._KINDS[KIND[name]]
+    saved = vector.VECTOR_ISA
+    try:
+        for isa in vector.VECTOR_ISAS:
+            vector.VECTOR_ISA = isa
+            for n_p, n_t in float_panels._SHAPES:
+                call = _grid_caller(float_panels._grid[kind, n_p, n_t])
+                out = np.full_like(want, np.nan)
+                call(packed, 1, 2, x, 1, out)
+                for i in range(n_p):
+                    columns = slice(16 * (1 + 2 * i), 16 * (2 + 2 * i))
+                    np.testing.assert_array_equal(bits(out[1 : 1 + n_t, columns]), bits(want[1 : 1 + n_t, columns]),
+                                                  err_msg=f"{name} {isa} {n_p}x{n_t} panel {1 + 2 * i}")
+                assert np.isnan(out[0]).all() and np.isnan(out[1 + n_t :]).all()
+    finally:
+        vector.VECTOR_ISA = saved
+
+
+def test_grids_split_their_panels_where_the_registers_are_fewer():
+    from numba.core.registry import cpu_target
+
+    context = cpu_target.target_context
+    saved = vector.VECTOR_ISA
+    try:
+        vector.VECTOR_ISA = "avx2"  # 16 registers of 8 floats: one panel of 6 rows (12), two of 3 (12)
+        assert [float_panels.panels_per_loop(context, 4, t) for t in (6, 5, 4, 3, 2, 1)] == [1, 1, 1, 2, 3, 4]
+    finally:
+        vector.VECTOR_ISA = saved
 
 
 class _threads:

@@ -34,6 +34,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel
+from . import vector
 
 PANEL = 16  # weight rows per panel: the float32 lanes of one AVX-512 register
 GRID_P, GRID_T = 4, 6  # the prompt grid: panels x activation rows (24 accumulators of 32 registers)
@@ -163,10 +164,25 @@ def _store_sums(builder, accs, out_rows, first_column):
         builder.store(builder.load(acc), builder.bitcast(builder.gep(row, [first_column]), f32x16.as_pointer()), align=4)
 
 
+def panels_per_loop(context, n_p: int, n_t: int) -> int:
+    """How many of a grid's n_p panels one loop over K takes (each output's chain is the same either
+    way): all where their n_p x n_t accumulators fit the target's vector registers beside a weight
+    vector and a broadcast (AVX-512: 32 registers of 16 floats, the 4 x 6 grid's 24 accumulators), else
+    as many as fit (AVX2: 16 registers of 8 floats, a <16 x float> accumulator takes two; the 4 x 6 grid
+    in one loop needed 48 and ran at 23-27 GMAC/s on a Zen 4 against 53-55 for AVX-512, one panel a
+    loop fits in 12)."""
+    features = vector._target_features(context)
+    wide = vector.VECTOR_ISA == "auto" and "+avx512f" in features
+    registers, lanes = (32, 16) if wide else (16, 8)
+    accumulator_registers = (registers - 4) * lanes // PANEL
+    return max(1, min(n_p, accumulator_registers // n_t))
+
+
 def grid_intrinsic(kind: str, n_p: int, n_t: int):
     """grid(packed, p0, step, x, t0, out): out[t0 + j, 16 p : 16 p + 16] for the panels p = p0 + i * step
     (i < n_p) of `packed` (uint8[P, K * 16 * element]) and the activation rows t0 + j (j < n_t) of x
-    (float32[T, K]), each lane one chain."""
+    (float32[T, K]), each lane one chain; the panels in one loop over K, or in groups
+    (panels_per_loop)."""
 
     @intrinsic
     def grid(typingctx, packed, p0, step, x, t0, out):
@@ -181,23 +197,35 @@ def grid_intrinsic(kind: str, n_p: int, n_t: int):
             w_rows = _rows_of(context, builder, p_type, packed_, panels, _element(kind))
             x_rows = _rows_of(context, builder, x_type, x_, t_rows, ir.FloatType())
             out_rows = _rows_of(context, builder, o_type, out_, t_rows, ir.FloatType())
-            fma = _fma(builder)
-            zero = ir.Constant(ir.VectorType(ir.FloatType(), PANEL), [0.0] * PANEL)
-            accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(n_t)] for _ in range(n_p)]
-            with cgutils.for_range(builder, _i64(builder, _columns(context, builder, x_type, x_))) as loop:
-                k = loop.index
-                ws = [_vector(kind, builder, builder.gep(row, [builder.mul(k, i64(PANEL))])) for row in w_rows]
-                for j in range(n_t):
-                    xb = _broadcast(builder, builder.load(builder.gep(x_rows[j], [k])))
-                    for i in range(n_p):
-                        builder.store(builder.call(fma, [ws[i], xb, builder.load(accs[i][j])]), accs[i][j])
-            for i in range(n_p):
-                _store_sums(builder, accs[i], out_rows, builder.mul(panels[i], i64(PANEL)))
+            n_k = _i64(builder, _columns(context, builder, x_type, x_))
+            per_loop = panels_per_loop(context, n_p, n_t)
+            for first in range(0, n_p, per_loop):
+                group = range(first, min(n_p, first + per_loop))
+                _grid_loop(builder, kind, [w_rows[i] for i in group], x_rows, out_rows,
+                           [builder.mul(panels[i], i64(PANEL)) for i in group], n_k)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return grid
+
+
+def _grid_loop(builder, kind: str, w_rows, x_rows, out_rows, first_columns, n_k):
+    """One loop over k < n_k: the panels at w_rows (element*) times the activation rows at x_rows
+    (float*), a chain per lane; then each panel's sums to out_rows at its first column."""
+    i64 = ir.IntType(64)
+    fma = _fma(builder)
+    zero = ir.Constant(ir.VectorType(ir.FloatType(), PANEL), [0.0] * PANEL)
+    accs = [[cgutils.alloca_once_value(builder, zero) for _ in x_rows] for _ in w_rows]
+    with cgutils.for_range(builder, n_k) as loop:
+        k = loop.index
+        ws = [_vector(kind, builder, builder.gep(row, [builder.mul(k, i64(PANEL))])) for row in w_rows]
+        for j, x_row in enumerate(x_rows):
+            xb = _broadcast(builder, builder.load(builder.gep(x_row, [k])))
+            for i, w in enumerate(ws):
+                builder.store(builder.call(fma, [w, xb, builder.load(accs[i][j])]), accs[i][j])
+    for acc, first_column in zip(accs, first_columns):
+        _store_sums(builder, acc, out_rows, first_column)
 
 
 def rows_intrinsic(kind: str, n_t: int):
