@@ -58,6 +58,11 @@ ones: the chains' order does not depend on the vector width); the avx512_amx F16
 copied from the new avx512_vnni ones (no AMX machine was at hand; before the move every avx512_amx entry
 but BF16's products equalled its avx512_vnni twin, and AMX's BF16 products did not change).
 
+AVX2's tiles (2026-11-28, issue 28: Q4_0, Q5_0, Q4_1 and Q5_1 take legacy_tiles' kernels on AVX2 from 16
+rows, where Q4_1 and Q5_1 had gone through BLAS from 32): the four avx2 entries matmul/Q4_1/T=33 and
+matmul/Q5_1/T=33 (basic and full) re-recorded with the haswell command above from /work/main; they now
+equal their avx512_vnni twins, and every other entry came out unchanged.
+
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
 """

@@ -25,6 +25,7 @@ from .quant_kernels import kernel_record
 from .quant_kernels.q4_k_tiles import MIN_ROWS as TILE_MIN_ROWS
 from .quant_kernels.q4_k_tiles import TILE
 from .quant_kernels.q4_k_tiles import available as tiles_available
+from .quant_kernels.legacy_tiles import narrow_available as narrow_tiles_available
 
 # From this many activation rows a matmul of a type without multi-row kernels (below) goes through
 # dequantized tiles + BLAS (and a batch is a prefill whose other ops leave the cores to BLAS:
@@ -57,9 +58,19 @@ def blas_min_rows(qt: QuantType) -> int:
 
 def has_fast_tiles(qt: QuantType) -> bool:
     """Whether the type has a tile kernel (16 weight rows as vector lanes) and the target runs it fast
-    (AVX-512 VNNI): from its min_rows the tiles, below them the one-row or grid kernels, never BLAS.
-    Elsewhere the tile kernel compiles through portable IR and BLAS stays ahead for long prompts."""
-    return kernel_record(qt).tiles is not None and _tiles_available()
+    (tile_rows_from): from there the tiles, below the one-row or grid kernels, never BLAS. Elsewhere
+    the tile kernel compiles through portable IR and BLAS stays ahead for long prompts."""
+    return tile_rows_from(kernel_record(qt).tiles) is not None
+
+
+def tile_rows_from(tiles) -> int | None:
+    """The activation rows from which a product takes the tile kernel on this target: its min_rows on
+    AVX-512 VNNI, its narrow_min_rows on AVX2 (None: never there), None for no tile kernel."""
+    if tiles is None:
+        return None
+    if _tiles_available():
+        return tiles.min_rows
+    return tiles.narrow_min_rows if _narrow_tiles_available() else None
 
 
 def matrix_kernel(qt: QuantType, weights):
@@ -230,7 +241,8 @@ def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarr
     args = act.quantize(x)
     tiles = kernel_record(qt).tiles
     n_tiled = weights.shape[0] - weights.shape[0] % TILE
-    if tiles is None or x.shape[0] < tiles.min_rows or n_tiled == 0 or not _tiles_available():
+    rows_from = tile_rows_from(tiles)
+    if rows_from is None or x.shape[0] < rows_from or n_tiled == 0:
         row_drivers(qt).matvec_rows(weights, out, *args)
         return
     tiles.matvec(weights, out, *args)
@@ -243,6 +255,11 @@ def matmul_rows(qt: QuantType, weights: np.ndarray, x: np.ndarray, out: np.ndarr
 @lru_cache(maxsize=1)
 def _tiles_available() -> bool:
     return tiles_available()
+
+
+@lru_cache(maxsize=1)
+def _narrow_tiles_available() -> bool:
+    return narrow_tiles_available()
 
 
 class PackedWeights:

@@ -3,8 +3,9 @@ rows as vector lanes, prefill) against the one-row vec_dot, bit for bit: vec_dot
 across blocks, the tiles eight accumulators of 16 rows, so every row count, block count (odd ones: the
 last block unpacked alone), batch size (two activation rows at a time, then one), extreme weights and
 activations, and every VectorCode instruction-set path (uncached copies compiled under each
-VECTOR_ISA, as in test_quant_isa.py) must give the same bits; and matmul_rows must take the tiles from
-their min_rows where the target has them."""
+VECTOR_ISA, as in test_quant_isa.py: "avx2" and "generic" take each tile as two halves of 8 rows, the
+QUAD_OFFSET types' quants signed) must give the same bits; and matmul_rows must take the tiles from
+their min_rows where the target has them (AVX2: NARROW_MIN_ROWS)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from quant_rows import bits, random_rows, compiled_for_isa
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
-from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights, matmul_rows
+from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights, matmul_rows, tile_rows_from
 from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, legacy_tiles, q4_0_x16, vector
 
 KERNELS = {
@@ -50,7 +51,19 @@ def _check(name, kernel, raw, batch, columns=None, label=""):
 
 def test_every_type_record_has_its_tile_kernel():
     for name, kernel in KERNELS.items():
-        assert kernel_record(name).tiles == TileKernel(kernel, legacy_tiles.MIN_ROWS[name])
+        assert kernel_record(name).tiles == TileKernel(kernel, legacy_tiles.MIN_ROWS[name], legacy_tiles.NARROW_MIN_ROWS[name])
+
+
+@pytest.mark.parametrize("wide, narrow", [(True, True), (True, False), (False, True), (False, False)])
+def test_the_tiles_start_where_the_target_runs_them_fast(wide, narrow, monkeypatch):
+    cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]
+    monkeypatch.setattr(cpu_matmul, "_tiles_available", lambda: wide)
+    monkeypatch.setattr(cpu_matmul, "_narrow_tiles_available", lambda: narrow)
+    for name in TYPES:
+        want = legacy_tiles.MIN_ROWS[name] if wide else legacy_tiles.NARROW_MIN_ROWS[name] if narrow else None
+        assert cpu_matmul.tile_rows_from(kernel_record(name).tiles) == want, name
+        assert cpu_matmul.has_fast_tiles(quant.get(name)) == (want is not None), name
+    assert legacy_tiles.NARROW_MIN_ROWS["Q5_1"] == 16 and legacy_tiles.NARROW_MIN_ROWS["IQ4_NL"] is None
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -94,7 +107,7 @@ def test_matmul_rows_takes_tiles_and_the_rest_by_rows(name, n_weights):
     rng = np.random.default_rng(n_weights)
     k = 640
     raw = _weights(name, rng, n_weights, k)
-    min_rows = legacy_tiles.MIN_ROWS[name]
+    min_rows = tile_rows_from(kernel_record(name).tiles) or legacy_tiles.MIN_ROWS[name]
     for n_rows in (min_rows - 1, min_rows, min_rows + 5):
         x = _activations(rng, n_rows, k, 1.0)
         batch = BatchActivation(QT.act, n_rows, k).quantize(x)
@@ -109,20 +122,23 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
     # has them, a batch of MIN_ROWS rows must (or the speed is lost silently), one row fewer must not.
     calls = []
     kernel = KERNELS[name]
-    spy = TileKernel(lambda *args: calls.append(args[1].shape[0]) or kernel(*args), kernel_record(name).tiles.min_rows)
+    spy = dataclasses.replace(kernel_record(name).tiles, matvec=lambda *args: calls.append(args[1].shape[0]) or kernel(*args))
     record = dataclasses.replace(kernel_record(name), tiles=spy)
     cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]  # the module (the package exports a function of that name)
     monkeypatch.setattr(cpu_matmul, "kernel_record", lambda qt: record if qt.name == name else kernel_record(qt))
     QT = quant.get(name)
     rng = np.random.default_rng(5)
     raw = _weights(name, rng, 32, 512)
-    min_rows = legacy_tiles.MIN_ROWS[name]
+    rows_from = tile_rows_from(spy)  # AVX-512 VNNI: MIN_ROWS; AVX2: NARROW_MIN_ROWS (None: never)
+    min_rows = rows_from or legacy_tiles.MIN_ROWS[name]
     for n_rows in (min_rows - 1, min_rows):
         x = _activations(rng, n_rows, 512, 1.0)
         out = np.empty((n_rows, 32), dtype=np.float32)
         matmul_rows(QT, raw, x, out, MatmulScratch())
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 512).quantize(x))))
-    assert calls == ([min_rows] if legacy_tiles.available() else [])
+    assert calls == ([min_rows] if rows_from is not None else [])
+    if legacy_tiles.available():
+        assert rows_from == legacy_tiles.MIN_ROWS[name]
 
 
 @pytest.mark.parametrize("name", TYPES)

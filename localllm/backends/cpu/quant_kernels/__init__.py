@@ -88,7 +88,10 @@ class TileKernel:
     """matvec(weights, out, qs, d, s) over the first N - N % 16 weight rows, 16 rows as vector lanes."""
 
     matvec: Callable
-    min_rows: int  # fewer activation rows: the row kernels
+    min_rows: int  # fewer activation rows: the row kernels (targets with AVX-512 VNNI)
+    # The same on AVX2 targets, for the kernels that run fast there too (legacy_tiles' unsigned types);
+    # None: the row kernels at every batch size there (matmul.tile_rows_from).
+    narrow_min_rows: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +179,7 @@ def _q4_0() -> KernelRecord:
     from . import legacy_tiles, q4_0_x16
 
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
-    tiles = TileKernel(legacy_tiles.q4_0_tiles, legacy_tiles.MIN_ROWS["Q4_0"])
+    tiles = TileKernel(legacy_tiles.q4_0_tiles, legacy_tiles.MIN_ROWS["Q4_0"], legacy_tiles.NARROW_MIN_ROWS["Q4_0"])
     packed = PackedKernel(q4_0_x16.pack, q4_0_x16.matvec_packed)
     return KernelRecord(
         quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles, packed=packed,
@@ -187,7 +190,7 @@ def _q4_1() -> KernelRecord:
     from . import legacy_tiles
     from . import q4_1 as k
 
-    tiles = TileKernel(legacy_tiles.q4_1_tiles, legacy_tiles.MIN_ROWS["Q4_1"])
+    tiles = TileKernel(legacy_tiles.q4_1_tiles, legacy_tiles.MIN_ROWS["Q4_1"], legacy_tiles.NARROW_MIN_ROWS["Q4_1"])
     return KernelRecord(quant.get("Q4_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), tiles=tiles)
 
 
@@ -197,7 +200,7 @@ def _q5_0() -> KernelRecord:
     from . import legacy_tiles
 
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
-    tiles = TileKernel(legacy_tiles.q5_0_tiles, legacy_tiles.MIN_ROWS["Q5_0"])
+    tiles = TileKernel(legacy_tiles.q5_0_tiles, legacy_tiles.MIN_ROWS["Q5_0"], legacy_tiles.NARROW_MIN_ROWS["Q5_0"])
     return KernelRecord(quant.get("Q5_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles)
 
 
@@ -205,7 +208,7 @@ def _q5_1() -> KernelRecord:
     from . import legacy_tiles
     from . import q5_1 as k
 
-    tiles = TileKernel(legacy_tiles.q5_1_tiles, legacy_tiles.MIN_ROWS["Q5_1"])
+    tiles = TileKernel(legacy_tiles.q5_1_tiles, legacy_tiles.MIN_ROWS["Q5_1"], legacy_tiles.NARROW_MIN_ROWS["Q5_1"])
     return KernelRecord(quant.get("Q5_1"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), tiles=tiles)
 
 

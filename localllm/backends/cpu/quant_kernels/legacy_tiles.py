@@ -31,7 +31,7 @@ from ....jit import exact_kernel, read_f16
 from ....quant.iq4_nl import KVALUES as IQ4_NL_LEVELS
 from .legacy import _nibbles, _with_fifth_bits, level_nibbles
 from .q4_k_tiles import TILE, _dot_quads_512, _transpose16
-from .vector import VectorCode
+from .vector import VectorCode, _target_has_avx2
 
 BLOCK = 32
 QUADS = BLOCK // 4  # vpdpbusd steps per block: one per float accumulator
@@ -44,6 +44,14 @@ ROWS = 2  # activation rows per pass over the tile (16 accumulators in registers
 # tiles, 2048 x 640 and 640 x 2048) T = 8 / 16 / 32: 1.01-1.09 / 1.17-1.43 / 1.19-1.47 (its pair kernels
 # look each block's levels up again per call, where the tiles unpack once).
 MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 8}
+# On AVX2 targets (each activation row takes a tile as two halves: emit_rows), from these rows; None:
+# never, the row kernels. Gemma 3 270M's 2048 x 640 and 640 x 2048, one Zen 4 thread compiled for
+# Haswell, median of 7 calls, tiles / row kernels (GMAC/s), T = 8 / 16 / 32: Q4_0 36/35, 32/38 /
+# 48/36, 40/39 / 36/35, 31/25; Q5_0 37/32, 33/34 / 47/31, 40/32 / 55/31, 44/33; Q4_1 26/28, 24/30 /
+# 38/29, 32/30 / 44/28, 37/29; Q5_1 20/16, 17/16 / 37/22, 32/22 / 45/21, 36/22. Q8_0 and IQ4_NL
+# (signed quants: |q| and its sign taken per quad, two operations more) gain little: tiles / rows
+# 0.74-0.97 at T = 8 and 16, 0.79-1.16 at 32 and 64, 1.02-1.19 at 256.
+NARROW_MIN_ROWS = {"Q4_0": 16, "Q5_0": 16, "Q4_1": 16, "Q5_1": 16, "Q8_0": None, "IQ4_NL": None}
 
 
 # ----- the types: where their quants lie, as an unpacking of one block to <32 x i8> in element order -----
@@ -64,17 +72,31 @@ def _five_bit(qh_offset: int, qs_offset: int):
     return quants
 
 
+def wide(v: VectorCode) -> bool:
+    """Whether this compile's tiles run as 512-bit vectors with vpdpbusd (AVX-512 VNNI): then the signed
+    quants of the QUAD_OFFSET types are stored as q + 128 (vpdpbusd multiplies unsigned by signed
+    bytes). Elsewhere each activation row takes a tile as two halves of 8 rows (emit_rows) and those
+    quants stay signed (vpmaddubsw would saturate on 255 x 127 pairs; dot_quads_signed takes |q| and
+    moves q's sign onto the activation)."""
+    return v.avx512_vnni
+
+
+def _offset_bytes(v: VectorCode, quants):
+    """Signed quants as QUAD_OFFSET tiles hold them: q + 128 (the sign bit flipped) where wide(v)."""
+    return v.builder.xor(quants, v.constant(0x80, BLOCK, 8)) if wide(v) else quants
+
+
 def _eight_bit_offset(v: VectorCode, row, base):
-    """Q8_0's signed quants as the unsigned bytes q + 128 (the sign bit flipped)."""
-    return v.builder.xor(v.load(None, row, v.offset(base, 2), BLOCK), v.constant(0x80, BLOCK, 8))
+    """Q8_0's signed quants, as _offset_bytes stores them."""
+    return _offset_bytes(v, v.load(None, row, v.offset(base, 2), BLOCK))
 
 
 _nl_levels = level_nibbles([int(level) for level in IQ4_NL_LEVELS])
 
 
 def _level_offset(v: VectorCode, row, base):
-    """IQ4_NL's signed levels as the unsigned bytes level + 128 (as Q8_0's quants: QUAD_OFFSET starts)."""
-    return v.builder.xor(_nl_levels(v, row, v.offset(base, 2)), v.constant(0x80, BLOCK, 8))
+    """IQ4_NL's signed levels (-127..113), as _offset_bytes stores them (as Q8_0's quants)."""
+    return _offset_bytes(v, _nl_levels(v, row, v.offset(base, 2)))
 
 
 # ----- unpacking a tile -----
@@ -188,7 +210,11 @@ def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, ac
     """The products of activation rows t..t+n_rows-1 with a tile over every block, into out[t + u, r0 :
     r0 + 16]. block_vectors(b) gives block b's (eight <64 x i8> quad vectors, <16 x float> scales,
     <16 x float> minima or None); acts: (type, value) of aqs, ad and the ints of _rows_kernel; out:
-    (type, value). Each row keeps eight <16 x float> accumulators, one per lane of vec_dot's eight."""
+    (type, value). Each row keeps eight <16 x float> accumulators, one per lane of vec_dot's eight
+    (where not wide(v): each row and half of the tile in turn, eight <8 x float>, _emit_half_rows)."""
+    if not wide(v):
+        _emit_half_rows(v, kind, n_rows, n_blocks, block_vectors, acts, out, r0, t)
+        return
     builder = v.builder
     i64 = ir.IntType(64)
     f32x16 = ir.VectorType(ir.FloatType(), 16)
@@ -225,13 +251,59 @@ def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, ac
         builder.store(total, builder.bitcast(builder.gep(out_row, [r0]), f32x16.as_pointer()), align=4)
 
 
-def _lane_start(v: VectorCode, kind: str, ints_row, b, j: int):
-    """The int32 start of quad j's lane of block b (broadcast to 16 rows), or None for zero."""
+def _emit_half_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, acts, out, r0, t):
+    """emit_rows for targets without 512-bit vpdpbusd (AVX2): one loop over the blocks per activation
+    row and half of the tile (rows r0..r0+7, then r0+8..r0+15), eight <8 x float> accumulators (16
+    would spill 16 ymm registers). Lane j of a quad's dot is the same integer, the float steps the same
+    operations on the same values, so each output has emit_rows' bits."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    f32x8 = ir.VectorType(ir.FloatType(), 8)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x8, [f32x8] * 3), "llvm.fma.v8f32")
+    t, r0 = v.resize(t, 64), v.resize(r0, 64)
+    zeros = ir.Constant(f32x8, [0.0] * 8)
+    for u in range(n_rows):
+        qs_row, ad_row, ints_row = [v.row_pointer(array_type, array, v.offset(t, u)) for array_type, array in acts]
+        for h in range(2):
+            lanes = range(8 * h, 8 * h + 8)
+            accs = [cgutils.alloca_once_value(builder, zeros) for _ in range(QUADS)]
+            with cgutils.for_range(builder, v.resize(n_blocks, 64)) as loop:
+                b = loop.index
+                quads, d_vec, m_vec = block_vectors(b)
+                ad_splat = v.splat(builder.load(builder.gep(ad_row, [b])), 8)
+                scale = builder.fmul(v.shuffle(d_vec, lanes), ad_splat, flags=v.PINNED)
+                extra = None
+                if kind == MINIMUM:
+                    asum = builder.sitofp(builder.load(builder.gep(ints_row, [b])), ir.FloatType())
+                    extra = builder.fmul(builder.fmul(v.shuffle(m_vec, lanes), ad_splat, flags=v.PINNED), v.splat(asum, 8), flags=v.PINNED)
+                for j in range(QUADS):
+                    word = builder.load(builder.bitcast(builder.gep(qs_row, [v.offset(builder.mul(b, i64(BLOCK)), 4 * j)]), ir.IntType(32).as_pointer()), align=1)
+                    act = v.bitcast(v.splat(word, 8), 32, 8)
+                    weights = v.shuffle(quads[j], range(32 * h, 32 * h + 32))
+                    if kind == QUAD_OFFSET:  # signed quants (wide(v) false), no start
+                        ints = v.dot_quads_signed(weights, act)
+                    else:
+                        ints = v.dot_quads(weights, act, _lane_start(v, kind, ints_row, b, j, 8))
+                    values = builder.sitofp(ints, f32x8)
+                    acc = builder.load(accs[j])
+                    if kind == MINIMUM:
+                        step = builder.call(fma, [values, scale, extra if j == 0 else zeros])
+                        builder.store(builder.fadd(acc, step, flags=v.PINNED), accs[j])
+                    else:
+                        builder.store(builder.call(fma, [values, scale, acc]), accs[j])
+            total = _float_sum_lanes(v, [builder.load(pointer) for pointer in accs])
+            out_row = v.row_pointer(out[0], out[1], v.offset(t, u))
+            first = builder.add(r0, i64(8 * h))
+            builder.store(total, builder.bitcast(builder.gep(out_row, [first]), f32x8.as_pointer()), align=4)
+
+
+def _lane_start(v: VectorCode, kind: str, ints_row, b, j: int, lanes: int = 16):
+    """The int32 start of quad j's lane of block b (broadcast to `lanes` rows), or None for zero."""
     builder = v.builder
     if kind == ZERO_POINT and j == 0:
-        return v.splat(builder.load(builder.gep(ints_row, [b])), 16)
+        return v.splat(builder.load(builder.gep(ints_row, [b])), lanes)
     if kind == QUAD_OFFSET:
-        return v.splat(builder.load(builder.gep(ints_row, [v.offset(builder.mul(b, ir.Constant(b.type, QUADS)), j)])), 16)
+        return v.splat(builder.load(builder.gep(ints_row, [v.offset(builder.mul(b, ir.Constant(b.type, QUADS)), j)])), lanes)
     return None
 
 
@@ -261,6 +333,13 @@ def available() -> bool:
     from .q4_k_tiles import available as q4_k_tiles_available
 
     return q4_k_tiles_available()
+
+
+def narrow_available() -> bool:
+    """Whether the compile target has AVX2 (emit_rows' halves, for the types of NARROW_MIN_ROWS)."""
+    from numba.core.registry import cpu_target
+
+    return _target_has_avx2(cpu_target.target_context)
 
 
 # ----- the drivers, one per type (each calls its intrinsics itself: a driver compiled anew compiles them
