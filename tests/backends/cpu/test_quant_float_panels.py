@@ -19,7 +19,7 @@ from localllm import quant
 from localllm.backends.base import Weight
 from localllm.backends.cpu import CPUBackend
 from localllm.backends.cpu.matmul import BLAS_MIN_ROWS, MatmulScratch, TiledWeights, matmul, matmul_rows, matrix_kernel
-from localllm.backends.cpu.quant_kernels import amx, float_panels, kernel_record, vector
+from localllm.backends.cpu.quant_kernels import amx, float_panels, float_panels_ir, kernel_record, vector
 
 TYPES = ("F32", "F16", "BF16")
 KIND = {"F32": float_panels.F32, "F16": float_panels.F16, "BF16": float_panels.BF16}
@@ -132,13 +132,13 @@ def test_every_grid_shape_gives_vec_dots_bits_on_every_isa(name):
     x = rng.normal(0, 2, (8, k)).astype(np.float32)
     want = _vec_dots(name, raw, x)
     packed = float_panels.pack(raw, KIND[name])
-    kind = float_panels._KINDS[KIND[name]]
+    kind = float_panels_ir.KINDS[KIND[name]]
     saved = vector.VECTOR_ISA
     try:
         for isa in vector.VECTOR_ISAS:
             vector.VECTOR_ISA = isa
-            for n_p, n_t in float_panels._SHAPES:
-                call = _grid_caller(float_panels._grid[kind, n_p, n_t])
+            for n_p, n_t in float_panels_ir.SHAPES:
+                call = _grid_caller(float_panels_ir.GRIDS[kind, n_p, n_t])
                 out = np.full_like(want, np.nan)
                 call(packed, 1, 2, x, 1, out)
                 for i in range(n_p):
@@ -157,7 +157,7 @@ def test_grids_split_their_panels_where_the_registers_are_fewer():
     saved = vector.VECTOR_ISA
     try:
         vector.VECTOR_ISA = "avx2"  # 16 registers of 8 floats: one panel of 6 rows (12), two of 3 (12)
-        assert [float_panels.panels_per_loop(context, 4, t) for t in (6, 5, 4, 3, 2, 1)] == [1, 1, 1, 2, 3, 4]
+        assert [float_panels_ir.panels_per_loop(context, 4, t) for t in (6, 5, 4, 3, 2, 1)] == [1, 1, 1, 2, 3, 4]
     finally:
         vector.VECTOR_ISA = saved
 
