@@ -8,6 +8,7 @@ llama-quantize's type names, then `llama-bench` and `localllm bench` on each fil
     python scripts/bench_types.py --llama-bench PATH --model 8b --prepare       # only make the files
     python scripts/bench_types.py --llama-bench PATH --llama-load-mode none     # against llama.cpp's --no-mmap
     python scripts/bench_types.py --pool A.json B.json                         # the rounds of two --json runs together
+    python scripts/bench_types.py --llama-bench AVX2_BUILD/llama-bench --target avx2   # the AVX2 path (below)
 
 The model files (made once in --workdir, reused on later runs):
 - gemma (default): the shipped Gemma 3 270M Q4_K_M requantized to F32 (`localllm quantize --type F32
@@ -19,7 +20,14 @@ The model files (made once in --workdir, reused on later runs):
 
 Each round runs, per type, both engines one right after the other (which one first alternates by round),
 so drift of the shared machine's speed hits both; the ratio quoted is the median of the per-round ratios
-(localllm / llama.cpp), with their range. llama.cpp's tools: see scripts/bench_vs_llamacpp.py.
+(localllm / llama.cpp), with their range. llama.cpp's tools: see scripts/bench_vs_llamacpp.py. Each
+file's kernels are compiled (`localllm.backends.cpu.precompile`) before the first round.
+
+--target avx2 measures the AVX2 path on a machine with AVX-512: our kernels compiled for Haswell, with
+Numba and kernel caches of their own in --workdir (the variables of scripts/golden_ops.py's docstring),
+OpenBLAS on its Haswell kernels. llama-bench must then come from a build with AVX-512 off
+(`-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF`;
+docs/performance.md, thirty-first session): this script cannot tell from the binary.
 """
 
 from __future__ import annotations
@@ -41,6 +49,15 @@ GEMMA_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K_S", "Q3_K_M
 EIGHT_B_TYPES = ("Q4_0", "Q8_0", "Q3_K_M")
 # The issue's bar (27/28): prompt and generation speed against llama.cpp's, per model.
 TARGETS = {"gemma": (1.2, 1.1), "8b": (1.2, 1.0)}
+# Haswell's features, as LLVM names them: the AVX2 target's code, whatever the host has beyond it.
+AVX2_FEATURES = "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+sse4.1,+ssse3,+sse3,+sse2,+sse,+mmx,+cx16,+lzcnt,+movbe"
+
+
+def use_avx2_target(workdir: Path) -> None:
+    """Every process started from here on (localllm bench, precompile, quantize) compiles for Haswell,
+    into caches of its own."""
+    os.environ.update(NUMBA_CPU_NAME="haswell", NUMBA_CPU_FEATURES=AVX2_FEATURES, OPENBLAS_CORETYPE="Haswell",
+                      NUMBA_CACHE_DIR=str(workdir / "numba-avx2"), LOCALLLM_KERNEL_DIR=str(workdir / "kernels-avx2"))
 
 
 def run(cmd: list[str]) -> None:
@@ -147,6 +164,8 @@ def main() -> None:
     parser.add_argument("--json", dest="json_path", default=None)
     parser.add_argument("--llama-load-mode", default=None,
                         help="llama-bench's -lm: mmap (its default), none (read into its own memory, as --no-mmap)")
+    parser.add_argument("--target", choices=("host", "avx2"), default="host",
+                        help="avx2: our AVX2 path on this machine (against an AVX2 llama-bench build)")
     parser.add_argument("--prepare", action="store_true", help="make the model files, measure nothing")
     parser.add_argument("--pool", nargs="+", type=Path, metavar="JSON",
                         help="measure nothing: the table of the rounds of these --json files together")
@@ -163,12 +182,16 @@ def main() -> None:
         parser.error("--llama-bench is required (unless --pool)")
     types = args.types.split(",") if args.types else list(GEMMA_TYPES if args.model == "gemma" else EIGHT_B_TYPES)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    print(f"localllm's BLAS (prefill): {blas_kernels()}", flush=True)
+    if args.target == "avx2":
+        use_avx2_target(args.workdir.resolve())
+    print(f"localllm's target: {args.target}; BLAS (prefill): {blas_kernels()}", flush=True)
 
     source = source_file(args.model, args.workdir)
     files = {qtype: typed_file(args.model, source, qtype, args.workdir) for qtype in types}
     if args.prepare:
         return
+    for path in files.values():  # not the basic tier while the full one compiles in the background
+        run([sys.executable, "-m", "localllm.backends.cpu.precompile", str(path)])
     tests = (f"pp{args.n_prompt}", f"tg{args.n_gen}")
     rounds: dict[str, list] = {qtype: [] for qtype in types}
     for rnd in range(args.rounds):

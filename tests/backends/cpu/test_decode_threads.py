@@ -134,17 +134,20 @@ def _blas_threads() -> int:
 def test_blas_keeps_its_threads_only_for_models_whose_products_use_it(tmp_path, monkeypatch, qtype, tiles):
     """With every matrix on our own kernels, BLAS serves prefill attention only, on one thread (its idle
     workers slowed the two-thread products); a type without multi-row kernels (Q4_1) multiplies a prompt
-    through BLAS where its tile kernel is not used (tiles False: as on a target without AVX-512 VNNI), and
-    then BLAS keeps the backend's threads. Float weights never take BLAS (float_panels, on every target)."""
+    through BLAS where its tile kernel is not used (tiles False: as on a target with neither AVX-512 VNNI
+    nor AVX2, where legacy_tiles takes Q4_1 from NARROW_MIN_ROWS), and then BLAS keeps the backend's
+    threads. Float weights never take BLAS (float_panels, on every target)."""
     import localllm
     from tiny_models import write_tiny_model
 
     from localllm.backends.cpu import matmul
+    from localllm.backends.cpu.quant_kernels.legacy_tiles import narrow_available
     from localllm.backends.cpu.quant_kernels.q4_k_tiles import available
 
     if not tiles:
         monkeypatch.setattr(matmul, "_tiles_available", lambda: False)
-    products_use_blas = qtype == "Q4_1" and not (tiles and available())
+        monkeypatch.setattr(matmul, "_narrow_tiles_available", lambda: False)
+    products_use_blas = qtype == "Q4_1" and not (tiles and (available() or narrow_available()))
     model = localllm.load(write_tiny_model(tmp_path / f"{qtype}.gguf", "llama", qtype), n_ctx=64, threads=2)
     model.logits(list(range(2, 42)))  # a prefill through BLAS attention (40 rows)
     assert _blas_threads() == (2 if products_use_blas else 1)
