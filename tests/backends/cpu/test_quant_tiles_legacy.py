@@ -63,7 +63,6 @@ def test_the_tiles_start_where_the_target_runs_them_fast(wide, narrow, monkeypat
         want = legacy_tiles.MIN_ROWS[name] if wide else legacy_tiles.NARROW_MIN_ROWS[name] if narrow else None
         assert cpu_matmul.tile_rows_from(kernel_record(name).tiles) == want, name
         assert cpu_matmul.has_fast_tiles(quant.get(name)) == (want is not None), name
-    assert legacy_tiles.NARROW_MIN_ROWS["Q5_1"] == 16 and legacy_tiles.NARROW_MIN_ROWS["IQ4_NL"] is None
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -210,91 +210,76 @@ def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, ac
     """The products of activation rows t..t+n_rows-1 with a tile over every block, into out[t + u, r0 :
     r0 + 16]. block_vectors(b) gives block b's (eight <64 x i8> quad vectors, <16 x float> scales,
     <16 x float> minima or None); acts: (type, value) of aqs, ad and the ints of _rows_kernel; out:
-    (type, value). Each row keeps eight <16 x float> accumulators, one per lane of vec_dot's eight
-    (where not wide(v): each row and half of the tile in turn, eight <8 x float>, _emit_half_rows)."""
-    if not wide(v):
-        _emit_half_rows(v, kind, n_rows, n_blocks, block_vectors, acts, out, r0, t)
-        return
+    (type, value). Each row keeps eight accumulators, one per lane of vec_dot's eight: <16 x float>,
+    all rows in one loop over the blocks where wide(v); elsewhere (AVX2) one loop per row and half of
+    the tile (rows r0..r0+7, then r0+8..r0+15), eight <8 x float> (16 of 16 lanes would spill the 16
+    ymm registers). Lane j of a quad's dot is the same integer either way and the float steps the same
+    operations, so every output has vec_dot's bits on every target."""
+    t, r0 = v.resize(t, 64), v.resize(r0, 64)
+    act_rows = [[v.row_pointer(array_type, array, v.offset(t, u)) for array_type, array in acts] for u in range(n_rows)]
+    if wide(v):
+        passes = [(list(range(n_rows)), range(16))]
+    else:
+        passes = [([u], range(8 * h, 8 * h + 8)) for u in range(n_rows) for h in range(2)]
+    for rows, lanes in passes:
+        _emit_pass(v, kind, rows, lanes, n_blocks, block_vectors, act_rows, out, r0, t)
+
+
+def _emit_pass(v: VectorCode, kind: str, rows, lanes, n_blocks, block_vectors, act_rows, out, r0, t):
+    """One loop over the blocks: activation rows t + u (u in rows) against the tile's weight rows
+    r0 + i (i in lanes: all 16, or a half of 8 taken from the 64-byte quad vectors)."""
     builder = v.builder
     i64 = ir.IntType(64)
-    f32x16 = ir.VectorType(ir.FloatType(), 16)
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x16, [f32x16] * 3), "llvm.fma.v16f32")
-    t = v.resize(t, 64)
-    act_rows = [[v.row_pointer(array_type, array, v.offset(t, u)) for array_type, array in acts] for u in range(n_rows)]
-    zeros = ir.Constant(f32x16, [0.0] * 16)
-    accs = [[cgutils.alloca_once_value(builder, zeros) for _ in range(QUADS)] for _ in range(n_rows)]
+    width = len(lanes)
+    floats = ir.VectorType(ir.FloatType(), width)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3), f"llvm.fma.v{width}f32")
+    zeros = ir.Constant(floats, [0.0] * width)
+    accs = {u: [cgutils.alloca_once_value(builder, zeros) for _ in range(QUADS)] for u in rows}
+
+    def part(vec):  # the lanes of this pass from a 16-lane vector
+        return vec if width == 16 else v.shuffle(vec, lanes)
+
     with cgutils.for_range(builder, v.resize(n_blocks, 64)) as loop:
         b = loop.index
         quads, d_vec, m_vec = block_vectors(b)
-        for u, (qs_row, ad_row, ints_row) in enumerate(act_rows):
-            ad_splat = v.splat(builder.load(builder.gep(ad_row, [b])), 16)
-            scale = builder.fmul(d_vec, ad_splat, flags=v.PINNED)
+        for u in rows:
+            qs_row, ad_row, ints_row = act_rows[u]
+            ad_splat = v.splat(builder.load(builder.gep(ad_row, [b])), width)
+            scale = builder.fmul(part(d_vec), ad_splat, flags=v.PINNED)
             extra = None
             if kind == MINIMUM:  # lane 0's m * ad * asum, as legacy.block_terms computes it
                 asum = builder.sitofp(builder.load(builder.gep(ints_row, [b])), ir.FloatType())
-                extra = builder.fmul(builder.fmul(m_vec, ad_splat, flags=v.PINNED), v.splat(asum, 16), flags=v.PINNED)
+                extra = builder.fmul(builder.fmul(part(m_vec), ad_splat, flags=v.PINNED), v.splat(asum, width), flags=v.PINNED)
             for j in range(QUADS):
-                start = _lane_start(v, kind, ints_row, b, j)
                 word = builder.load(builder.bitcast(builder.gep(qs_row, [v.offset(builder.mul(b, i64(BLOCK)), 4 * j)]), ir.IntType(32).as_pointer()), align=1)
-                ints = _dot_quads_512(v, start, quads[j], v.bitcast(v.splat(word, 16), 64, 8))
-                values = builder.sitofp(ints, f32x16)
+                ints = _quad_dots(v, kind, quads[j], lanes, word, ints_row, b, j)
+                values = builder.sitofp(ints, floats)
                 acc = builder.load(accs[u][j])
                 if kind == MINIMUM:  # acc + fma(values, scale, [extra, 0, ...]): lane j's share
                     step = builder.call(fma, [values, scale, extra if j == 0 else zeros])
                     builder.store(builder.fadd(acc, step, flags=v.PINNED), accs[u][j])
                 else:
                     builder.store(builder.call(fma, [values, scale, acc]), accs[u][j])
-    r0 = v.resize(r0, 64)
-    for u in range(n_rows):
+    for u in rows:
         total = _float_sum_lanes(v, [builder.load(pointer) for pointer in accs[u]])
         out_row = v.row_pointer(out[0], out[1], v.offset(t, u))
-        builder.store(total, builder.bitcast(builder.gep(out_row, [r0]), f32x16.as_pointer()), align=4)
+        first = builder.add(r0, i64(lanes[0]))
+        builder.store(total, builder.bitcast(builder.gep(out_row, [first]), floats.as_pointer()), align=4)
 
 
-def _emit_half_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, acts, out, r0, t):
-    """emit_rows for targets without 512-bit vpdpbusd (AVX2): one loop over the blocks per activation
-    row and half of the tile (rows r0..r0+7, then r0+8..r0+15), eight <8 x float> accumulators (16
-    would spill 16 ymm registers). Lane j of a quad's dot is the same integer, the float steps the same
-    operations on the same values, so each output has emit_rows' bits."""
-    builder = v.builder
-    i64 = ir.IntType(64)
-    f32x8 = ir.VectorType(ir.FloatType(), 8)
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(f32x8, [f32x8] * 3), "llvm.fma.v8f32")
-    t, r0 = v.resize(t, 64), v.resize(r0, 64)
-    zeros = ir.Constant(f32x8, [0.0] * 8)
-    for u in range(n_rows):
-        qs_row, ad_row, ints_row = [v.row_pointer(array_type, array, v.offset(t, u)) for array_type, array in acts]
-        for h in range(2):
-            lanes = range(8 * h, 8 * h + 8)
-            accs = [cgutils.alloca_once_value(builder, zeros) for _ in range(QUADS)]
-            with cgutils.for_range(builder, v.resize(n_blocks, 64)) as loop:
-                b = loop.index
-                quads, d_vec, m_vec = block_vectors(b)
-                ad_splat = v.splat(builder.load(builder.gep(ad_row, [b])), 8)
-                scale = builder.fmul(v.shuffle(d_vec, lanes), ad_splat, flags=v.PINNED)
-                extra = None
-                if kind == MINIMUM:
-                    asum = builder.sitofp(builder.load(builder.gep(ints_row, [b])), ir.FloatType())
-                    extra = builder.fmul(builder.fmul(v.shuffle(m_vec, lanes), ad_splat, flags=v.PINNED), v.splat(asum, 8), flags=v.PINNED)
-                for j in range(QUADS):
-                    word = builder.load(builder.bitcast(builder.gep(qs_row, [v.offset(builder.mul(b, i64(BLOCK)), 4 * j)]), ir.IntType(32).as_pointer()), align=1)
-                    act = v.bitcast(v.splat(word, 8), 32, 8)
-                    weights = v.shuffle(quads[j], range(32 * h, 32 * h + 32))
-                    if kind == QUAD_OFFSET:  # signed quants (wide(v) false), no start
-                        ints = v.dot_quads_signed(weights, act)
-                    else:
-                        ints = v.dot_quads(weights, act, _lane_start(v, kind, ints_row, b, j, 8))
-                    values = builder.sitofp(ints, f32x8)
-                    acc = builder.load(accs[j])
-                    if kind == MINIMUM:
-                        step = builder.call(fma, [values, scale, extra if j == 0 else zeros])
-                        builder.store(builder.fadd(acc, step, flags=v.PINNED), accs[j])
-                    else:
-                        builder.store(builder.call(fma, [values, scale, acc]), accs[j])
-            total = _float_sum_lanes(v, [builder.load(pointer) for pointer in accs])
-            out_row = v.row_pointer(out[0], out[1], v.offset(t, u))
-            first = builder.add(r0, i64(8 * h))
-            builder.store(total, builder.bitcast(builder.gep(out_row, [first]), f32x8.as_pointer()), align=4)
+def _quad_dots(v: VectorCode, kind: str, quads, lanes, word, ints_row, b, j: int):
+    """<len(lanes) x i32>: the weight rows' (lanes') quad j of block b dotted with the activation's four
+    bytes (`word`), plus the lane's start. All 16 lanes: one vpdpbusd on the tile's bytes as stored
+    (QUAD_OFFSET quants as q + 128). 8 lanes: dot_quads on their 32 bytes (vpmaddubsw + vpmaddwd on
+    AVX2), the QUAD_OFFSET quants signed (wide(v) false) through dot_quads_signed, with no start."""
+    width = len(lanes)
+    if width == 16:
+        return _dot_quads_512(v, _lane_start(v, kind, ints_row, b, j), quads, v.bitcast(v.splat(word, 16), 64, 8))
+    weights = v.shuffle(quads, range(4 * lanes[0], 4 * lanes[0] + 4 * width))
+    act = v.bitcast(v.splat(word, width), 4 * width, 8)
+    if kind == QUAD_OFFSET:
+        return v.dot_quads_signed(weights, act)
+    return v.dot_quads(weights, act, _lane_start(v, kind, ints_row, b, j, width))
 
 
 def _lane_start(v: VectorCode, kind: str, ints_row, b, j: int, lanes: int = 16):
