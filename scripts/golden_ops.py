@@ -63,6 +63,11 @@ rows, where Q4_1 and Q5_1 had gone through BLAS from 32): the four avx2 entries 
 matmul/Q5_1/T=33 (basic and full) re-recorded with the haswell command above from /work/main; they now
 equal their avx512_vnni twins, and every other entry came out unchanged.
 
+The K-quant and IQ4_XS tiles on AVX2 (2026-11-28, issue 28: each 512-bit product as two 256-bit halves,
+IQ4_XS's values kept signed there; Q2_K, Q3_K and IQ4_XS had gone through BLAS from 32 rows): the six
+avx2 entries matmul/{Q2_K,Q3_K,IQ4_XS}/T=33 (basic and full) re-recorded with the haswell command above
+from /work/main; they now equal their avx512_vnni twins, and every other entry came out unchanged.
+
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
 """

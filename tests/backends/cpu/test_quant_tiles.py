@@ -16,7 +16,7 @@ from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
-from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, q2_k_tiles, q3_k_tiles, q4_k_tiles, q5_k_tiles, q6_k_tiles, vector
+from localllm.backends.cpu.quant_kernels import kernel_record, q2_k_tiles, q3_k_tiles, q4_k_tiles, q5_k_tiles, q6_k_tiles, vector
 
 MODULES = {"Q2_K": q2_k_tiles, "Q3_K": q3_k_tiles, "Q4_K": q4_k_tiles, "Q5_K": q5_k_tiles, "Q6_K": q6_k_tiles}
 TYPES = sorted(MODULES)
@@ -65,20 +65,40 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
     # has them, a batch of MIN_ROWS rows must (or the speed is lost silently), one row fewer must not.
     calls = []
     kernel = MODULES[name].matvec_tiles
-    spy = TileKernel(lambda *args: calls.append(args[1].shape[0]) or kernel(*args), kernel_record(name).tiles.min_rows)
+    assert kernel_record(name).tiles.matvec is kernel
+    spy = dataclasses.replace(kernel_record(name).tiles, matvec=lambda *args: calls.append(args[1].shape[0]) or kernel(*args))
     record = dataclasses.replace(kernel_record(name), tiles=spy)
     cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]  # the module (the package exports a function of that name)
     monkeypatch.setattr(cpu_matmul, "kernel_record", lambda qt: record if qt.name == name else kernel_record(qt))
     QT = quant.get(name)
     rng = np.random.default_rng(5)
     raw = _weights(name, rng, 32, 512)
-    min_rows = kernel_record(name).tiles.min_rows
+    rows_from = cpu_matmul.tile_rows_from(spy)  # AVX-512 VNNI: min_rows; AVX2: narrow_min_rows
+    min_rows = rows_from or spy.min_rows
     for n_rows in (min_rows - 1, min_rows):
         x = _activations(rng, n_rows, 512, 1.0)
         out = np.empty((n_rows, 32), dtype=np.float32)
         matmul_rows(QT, raw, x, out, MatmulScratch())
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 512).quantize(x))))
-    assert calls == ([min_rows] if q4_k_tiles.available() else [])
+    assert calls == ([min_rows] if rows_from is not None else [])
+    if q4_k_tiles.available():
+        assert rows_from == spy.min_rows
+
+
+@pytest.mark.parametrize("wide, narrow", [(True, True), (True, False), (False, True), (False, False)])
+def test_the_tiles_start_where_the_target_runs_them_fast_and_leave_no_product_to_blas(wide, narrow, monkeypatch):
+    # Q2_K and Q3_K (and IQ4_XS: test_quant_tiles_iq4) have no row kernels: without fast tiles their
+    # prompts go through dequantization and BLAS, with them never.
+    cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]
+    monkeypatch.setattr(cpu_matmul, "_tiles_available", lambda: wide)
+    monkeypatch.setattr(cpu_matmul, "_narrow_tiles_available", lambda: narrow)
+    for name in TYPES:
+        tiles = kernel_record(name).tiles
+        want = tiles.min_rows if wide else tiles.narrow_min_rows if narrow else None
+        assert want is not None or not (wide or narrow), name  # every K-quant has tiles on both targets
+        assert cpu_matmul.tile_rows_from(tiles) == want, name
+        if kernel_record(name).rows is None:
+            assert cpu_matmul.blas_min_rows(quant.get(name)) == (cpu_matmul.INTEGER_ALWAYS if want else cpu_matmul.BLAS_MIN_ROWS), name
 
 
 @pytest.mark.parametrize("name", TYPES)

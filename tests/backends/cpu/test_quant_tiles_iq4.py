@@ -16,7 +16,7 @@ from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
-from localllm.backends.cpu.quant_kernels import TileKernel, iq4_tiles, kernel_record, q4_k_tiles, vector
+from localllm.backends.cpu.quant_kernels import iq4_tiles, kernel_record, q4_k_tiles, vector
 
 KERNELS = {"IQ4_XS": iq4_tiles.matvec_tiles_xs}
 TYPES = sorted(KERNELS)
@@ -28,6 +28,16 @@ def _weights(name, rng, n_rows, k):
     special = random_rows(name, min(n_rows, 13), k, rng)
     ordinary = quant.get(name).quantize(rng.normal(0, 0.05, (n_rows - special.shape[0], k)).astype(np.float32))
     return np.concatenate([special, ordinary.reshape(-1, special.shape[1])])
+
+
+def _with_extreme_indices(QT, raw):
+    """raw with weight rows 13, 14 and 15 at the table's ends in every block (indices 0, 15, and 15 / 0
+    alternating: the largest unsigned values and offsets, and on AVX2 the largest signed magnitudes)."""
+    first_index_byte = 8  # after d and the scales
+    blocks = raw.reshape(raw.shape[0], -1, QT.type_size)  # a view: the fills below go into raw
+    for i, fill in ((13, 0x00), (14, 0xFF), (15, 0x0F)):
+        blocks[i, :, first_index_byte:] = fill
+    return raw
 
 
 def _cases():
@@ -55,11 +65,7 @@ def test_tiles_equal_vec_dot_on_extreme_weights_and_activations(name, scale):
     QT = quant.get(name)
     rng = np.random.default_rng(3)
     k = 1024
-    raw = _weights(name, rng, 16, k)
-    first_index_byte = 8  # after d and the scales
-    blocks = raw.reshape(16, -1, QT.type_size)  # a view: the fills below go into raw
-    for i, fill in ((13, 0x00), (14, 0xFF), (15, 0x0F)):
-        blocks[i, :, first_index_byte:] = fill
+    raw = _with_extreme_indices(QT, _weights(name, rng, 16, k))
     x = _activations(rng, 9, k, scale)
     x[5] = np.where(np.arange(k) % 2, 1.0, -1.0)  # alternating +-127
     batch = BatchActivation(QT.act, 9, k).quantize(x)
@@ -90,19 +96,34 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
     calls = []
     kernel = KERNELS[name]
     assert kernel_record(name).tiles.matvec is kernel
-    spy = TileKernel(lambda *args: calls.append(args[1].shape[0]) or kernel(*args), kernel_record(name).tiles.min_rows)
+    spy = dataclasses.replace(kernel_record(name).tiles, matvec=lambda *args: calls.append(args[1].shape[0]) or kernel(*args))
     record = dataclasses.replace(kernel_record(name), tiles=spy)
     cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]  # the module (the package exports a function of that name)
     monkeypatch.setattr(cpu_matmul, "kernel_record", lambda qt: record if qt.name == name else kernel_record(qt))
     QT = quant.get(name)
     rng = np.random.default_rng(5)
     raw = _weights(name, rng, 32, 512)
-    for n_rows in (iq4_tiles.MIN_ROWS - 1, iq4_tiles.MIN_ROWS):
+    rows_from = cpu_matmul.tile_rows_from(spy)  # AVX-512 VNNI: MIN_ROWS; AVX2: NARROW_MIN_ROWS
+    min_rows = rows_from or iq4_tiles.MIN_ROWS
+    for n_rows in (min_rows - 1, min_rows):
         x = _activations(rng, n_rows, 512, 1.0)
         out = np.empty((n_rows, 32), dtype=np.float32)
         matmul_rows(QT, raw, x, out, MatmulScratch())
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 512).quantize(x))))
-    assert calls == ([iq4_tiles.MIN_ROWS] if q4_k_tiles.available() else [])
+    assert calls == ([min_rows] if rows_from is not None else [])
+    if q4_k_tiles.available():
+        assert rows_from == iq4_tiles.MIN_ROWS
+
+
+@pytest.mark.parametrize("wide, narrow", [(True, True), (True, False), (False, True), (False, False)])
+def test_the_tiles_start_where_the_target_runs_them_fast_and_leave_no_product_to_blas(wide, narrow, monkeypatch):
+    cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]
+    monkeypatch.setattr(cpu_matmul, "_tiles_available", lambda: wide)
+    monkeypatch.setattr(cpu_matmul, "_narrow_tiles_available", lambda: narrow)
+    for name in TYPES:
+        want = iq4_tiles.MIN_ROWS if wide else iq4_tiles.NARROW_MIN_ROWS if narrow else None
+        assert cpu_matmul.tile_rows_from(kernel_record(name).tiles) == want, name
+        assert cpu_matmul.blas_min_rows(quant.get(name)) == (cpu_matmul.INTEGER_ALWAYS if want else cpu_matmul.BLAS_MIN_ROWS), name
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -110,8 +131,10 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
     QT = quant.get(name)
     rng = np.random.default_rng(41)
     k = 512
-    raw = _weights(name, rng, 21, k)
+    raw = _with_extreme_indices(QT, _weights(name, rng, 21, k))
+    saturated = np.where(np.arange(k) % 2, 1.0, -1.0)[None].repeat(5, 0).astype(np.float32)  # alternating +-127
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (5, 16, 66)]
+    batches.append(BatchActivation(QT.act, 5, k).quantize(saturated))
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:

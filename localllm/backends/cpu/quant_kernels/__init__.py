@@ -19,8 +19,8 @@ A type's record names everything the CPU backend runs for it (formats: localllm/
             the target has AVX-512 (the batched decode of the 32-element types, pairs.py);
     rows:   one K-quant weight row against 16, 8, 4 or 2 activation rows, each super-block unpacked
             once (kquant_rows.py);
-    tiles:  16 weight rows as the lanes of a vector, for batches of at least `min_rows` rows (where the
-            target has AVX-512 VNNI);
+    tiles:  16 weight rows as the lanes of a vector, for batches of at least `min_rows` rows where the
+            target has AVX-512 VNNI, `narrow_min_rows` on AVX2;
     packed: the tile kernel on rows re-laid 16 at a time at load (x16), at every batch size.
 Every multi-row result equals vec_dot's bit for bit, so a row's value does not depend on the batch.
 - `matrix`: a kernel that takes a matrix's products at every batch size, the one-row ones included, in
@@ -89,8 +89,8 @@ class TileKernel:
 
     matvec: Callable
     min_rows: int  # fewer activation rows: the row kernels (targets with AVX-512 VNNI)
-    # The same on AVX2 targets, for the kernels that run fast there too (legacy_tiles' unsigned types);
-    # None: the row kernels at every batch size there (matmul.tile_rows_from).
+    # The same on AVX2 targets (legacy_tiles' unsigned types, the K-quants and IQ4_XS: each product
+    # as two 256-bit halves); None: the row kernels at every batch size there (matmul.tile_rows_from).
     narrow_min_rows: Optional[int] = None
 
 
@@ -226,14 +226,14 @@ def _q8_0() -> KernelRecord:
 def _q2_k() -> KernelRecord:
     from . import q2_k, q2_k_tiles
 
-    tiles = TileKernel(q2_k_tiles.matvec_tiles, q2_k_tiles.MIN_ROWS)
+    tiles = TileKernel(q2_k_tiles.matvec_tiles, q2_k_tiles.MIN_ROWS, q2_k_tiles.NARROW_MIN_ROWS)
     return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row, tiles=tiles)
 
 
 def _q3_k() -> KernelRecord:
     from . import q3_k, q3_k_tiles
 
-    tiles = TileKernel(q3_k_tiles.matvec_tiles, q3_k_tiles.MIN_ROWS)
+    tiles = TileKernel(q3_k_tiles.matvec_tiles, q3_k_tiles.MIN_ROWS, q3_k_tiles.NARROW_MIN_ROWS)
     return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row, tiles=tiles)
 
 
@@ -244,7 +244,7 @@ def _q4_k() -> KernelRecord:
     rows = RowKernels(r.q4_k_pack, r.q4_k_rows_2, r.q4_k_rows_4, r.q4_k_rows_8, r.q4_k_rows_16)
     return KernelRecord(
         quant.get("Q4_K"), q4_k.vec_dot, q4_k.dequantize_row, rows=rows,
-        tiles=TileKernel(q4_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS),
+        tiles=TileKernel(q4_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS, q4_k_tiles.NARROW_MIN_ROWS),
         packed=PackedKernel(q4_k_x16.pack, q4_k_x16.matvec_packed, q4_k_x16.matvec_packed_grouped),
     )
 
@@ -254,7 +254,7 @@ def _q5_k() -> KernelRecord:
     from . import q5_k, q5_k_tiles
 
     rows = RowKernels(r.q5_k_pack, r.q5_k_rows_2, r.q5_k_rows_4, r.q5_k_rows_8, r.q5_k_rows_16)
-    tiles = TileKernel(q5_k_tiles.matvec_tiles, q5_k_tiles.MIN_ROWS)
+    tiles = TileKernel(q5_k_tiles.matvec_tiles, q5_k_tiles.MIN_ROWS, q5_k_tiles.NARROW_MIN_ROWS)
     return KernelRecord(quant.get("Q5_K"), q5_k.vec_dot, q5_k.dequantize_row, rows=rows, tiles=tiles)
 
 
@@ -263,7 +263,7 @@ def _q6_k() -> KernelRecord:
     from . import q4_k_tiles, q6_k, q6_k_tiles
 
     rows = RowKernels(r.q6_k_pack, r.q6_k_rows_2, r.q6_k_rows_4, r.q6_k_rows_8, r.q6_k_rows_16)
-    tiles = TileKernel(q6_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS)
+    tiles = TileKernel(q6_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS, q4_k_tiles.NARROW_MIN_ROWS)
     return KernelRecord(quant.get("Q6_K"), q6_k.vec_dot, q6_k.dequantize_row, rows=rows, tiles=tiles)
 
 
@@ -285,7 +285,7 @@ def _iq4_nl() -> KernelRecord:
 def _iq4_xs() -> KernelRecord:
     from . import iq4_tiles, iq4_xs
 
-    tiles = TileKernel(iq4_tiles.matvec_tiles_xs, iq4_tiles.MIN_ROWS)
+    tiles = TileKernel(iq4_tiles.matvec_tiles_xs, iq4_tiles.MIN_ROWS, iq4_tiles.NARROW_MIN_ROWS)
     return KernelRecord(quant.get("IQ4_XS"), iq4_xs.vec_dot, iq4_xs.dequantize_row, tiles=tiles)
 
 

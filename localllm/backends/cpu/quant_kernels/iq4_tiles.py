@@ -5,7 +5,9 @@ IQ4_XS stores 4-bit indices into the signed table KVALUES (-127..113). vpdpbusd 
 by signed bytes, so a tile of 16 weight rows is unpacked into the transposed scratch as the unsigned
 bytes U = KVALUES[index] + 128 (1..241; row i's value at position p in tile[p // 4, 4 * i + p % 4], one
 64-byte table look-up per row and 64 positions), and the offset comes back in integers per 32-element
-group: <KVALUES, a> = <U, a> - 128 * (sum of a), exactly.
+group: <KVALUES, a> = <U, a> - 128 * (sum of a), exactly. On AVX2 targets (q4_k_tiles.narrow:
+vpmaddubsw, whose pair sums 241 x 127 would saturate) the tile holds KVALUES itself, signed, and the
+products take |value| and its sign per quad (VectorCode.dot_quads_signed), with no offset.
 
 - IQ4_XS (q8_k activation; 8 groups of 32 per 256-element super-block, signed 6-bit scales): the
   int32 total sum_k scale_k * (<U, a_k> - 128 * asum32_k), the offsets through vpdpwssd on int16 pairs
@@ -32,35 +34,38 @@ from ....quant import iq4_nl as nl_format
 from ....quant import iq4_xs as xs_format
 from .iq4_xs import emit_scales
 from .q4_k_tiles import (
-    CHUNK, ROWS, TILE, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums,
+    CHUNK, ROWS, TILE, _dot_word_pairs_512, _transpose16, fma_into_row, group_sums, narrow,
     sub_block_sum_pairs,
 )
 from .vector import VectorCode
 
-__all__ = ["MIN_ROWS", "matvec_tiles_xs"]
+__all__ = ["MIN_ROWS", "NARROW_MIN_ROWS", "matvec_tiles_xs"]
 
 # Fewer activation rows: vec_dot per (weight row, activation row) (these types have no row kernels).
 # From two rows the tiles are ahead: 1.5x at T = 2, 3x at 4, 6-7x at 16 (one thread, 2048 x 640 IQ4_XS);
 # a single row goes through the decode matvec.
 MIN_ROWS = 2
+NARROW_MIN_ROWS = 4  # on AVX2 (q4_k_tiles.NARROW_MIN_ROWS has the figures)
 OFFSET = 128  # added to every table value so that it is an unsigned byte
 # KVALUES + 128 as the int8 bit patterns of unsigned bytes 1..241 (what a byte look-up table holds)
 UNSIGNED_TABLE = [int(value) for value in (nl_format.KVALUES.astype(np.int32) + OFFSET).astype(np.uint8).view(np.int8)]
+SIGNED_TABLE = [int(value) for value in nl_format.KVALUES]
 N_SUB = xs_format.N_SUB  # IQ4_XS: 32-element groups per super-block
 # elements in order from join(low nibbles, high nibbles) of 32 packed bytes (two 16-byte runs, each a
 # 32-element group whose elements 0..15 are the low nibbles and 16..31 the high ones)
 _GROUP_ORDER = list(range(0, 16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
 
 
-def unsigned_values(v: VectorCode, packed):
-    """32 packed index bytes (<32 x i8>: two 32-element groups) -> their 64 unsigned table values in
-    element order (<64 x i8>): one 512-bit vpshufb where the target has AVX-512 BW, else VectorCode's
-    32-lane look-up on each half."""
+def tile_values(v: VectorCode, packed):
+    """32 packed index bytes (<32 x i8>: two 32-element groups) -> their 64 table values in element
+    order (<64 x i8>), as the tile holds them: unsigned (KVALUES + 128), or on narrow targets the
+    signed KVALUES (q4_k_tiles.narrow: 241 x 127 would saturate vpmaddubsw). One 512-bit vpshufb where
+    the target has AVX-512 BW, else VectorCode's 32-lane look-up on each half."""
+    table = SIGNED_TABLE if narrow(v) else UNSIGNED_TABLE
     indices = v.builder.shuffle_vector(v.and_(packed, 15), v.shr(packed, 4), v._lane_list(_GROUP_ORDER))
     if v.avx512_bw:  # vpshufb looks up within each 128-bit lane: the table in all four
-        table = ir.Constant(indices.type, UNSIGNED_TABLE * 4)
-        return v._x86("llvm.x86.avx512.pshuf.b.512", [table, indices], indices.type)
-    halves = [v.lookup16(UNSIGNED_TABLE, v.shuffle(indices, range(32 * h, 32 * h + 32))) for h in range(2)]
+        return v._x86("llvm.x86.avx512.pshuf.b.512", [ir.Constant(indices.type, table * 4), indices], indices.type)
+    halves = [v.lookup16(table, v.shuffle(indices, range(32 * h, 32 * h + 32))) for h in range(2)]
     return v.join(*halves)
 
 
@@ -103,7 +108,7 @@ def unpack_tile_xs(typingctx, weights, r0, b, tile, scales, scale_pairs):
         rows, codes = [], []  # rows[i][c]: row i's values at positions 64c..64c+63 (sub-blocks 2c, 2c+1)
         for i in range(TILE):
             row = v.row_pointer(wt, weights_, builder.add(r0_, i64(i)))
-            rows.append([unsigned_values(v, v.load(None, row, v.offset(base, xs_format._QS + 32 * c), 32)) for c in range(4)])
+            rows.append([tile_values(v, v.load(None, row, v.offset(base, xs_format._QS + 32 * c), 32)) for c in range(4)])
             scales8 = v.widen(emit_scales(v, None, row, base), 32)
             codes.append(v.join(scales8, v.constant(0, N_SUB, 32)))  # 16 lanes for the transpose
         for c in range(4):
@@ -132,17 +137,14 @@ def _tile_dots_xs(rows: int):
             i64 = ir.IntType(64)
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
-            scaled = group_sums(v, st[0], tile_, st[1], scales_, st[4], aqs_, t_, b_, rows, 8)  # sum_k scale_k <U, a_k>
+            signed = narrow(v)  # the tile holds KVALUES itself (tile_values), no offset to take back
+            # sum_k scale_k <U, a_k> (or <KVALUES, a_k>)
+            scaled = group_sums(v, st[0], tile_, st[1], scales_, st[4], aqs_, t_, b_, rows, 8, signed)
             d_vec = v.load(st[3], d_, i64(0), 16)
             scale_pairs = [v.load(st[2], spairs_, i64(16 * k), 16) for k in range(N_SUB // 2)]
             for u in range(rows):
                 row = builder.add(t_, i64(u))
-                pair_row = v.row_pointer(st[6], pairs_, row)
-                offsets = None  # sum_k scale_k * asum32_k
-                for k in range(N_SUB // 2):
-                    sums = builder.load(builder.gep(pair_row, [builder.add(builder.mul(b_, i64(4)), i64(k))]))
-                    offsets = _dot_word_pairs_512(v, offsets, scale_pairs[k], v.splat(sums, 16))
-                total = builder.sub(scaled[u], v.shl(offsets, 7))  # - 128 * offsets
+                total = scaled[u] if signed else builder.sub(scaled[u], v.shl(_offsets(v, st[6], pairs_, row, b_, scale_pairs), 7))
                 a_scale = v.splat(builder.load(builder.gep(v.row_pointer(st[5], ad_, row), [b_])), 16)
                 # vec_dot's float step, lane by lane: the product ad * d rounded, then one fma
                 step_scale = builder.fmul(a_scale, d_vec, flags=("arcp",))
@@ -152,6 +154,19 @@ def _tile_dots_xs(rows: int):
         return sig, codegen
 
     return tile_dots
+
+
+def _offsets(v: VectorCode, pairs_type, pairs, row, b, scale_pairs):
+    """<16 x i32>: sum_k scale_k * asum32_k for activation row `row` and super-block b (vpdpwssd on the
+    rows' scale pairs and the activation's pairs of 32-element sums)."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    pair_row = v.row_pointer(pairs_type, pairs, row)
+    offsets = None
+    for k in range(N_SUB // 2):
+        sums = builder.load(builder.gep(pair_row, [builder.add(builder.mul(b, i64(4)), i64(k))]))
+        offsets = _dot_word_pairs_512(v, offsets, scale_pairs[k], v.splat(sums, 16))
+    return offsets
 
 
 tile_dots_xs_4 = _tile_dots_xs(ROWS)

@@ -29,6 +29,7 @@ from .vector import VectorCode
 # From two activation rows the tiles beat the alternative, one vec_dot per weight and activation row (no
 # row kernels for this type): 1.1-1.4x at T = 2, 2-3x at T = 6, 640 x 2048, one thread.
 MIN_ROWS = 2
+NARROW_MIN_ROWS = 8  # on AVX2 (q4_k_tiles.NARROW_MIN_ROWS has the figures)
 N_PAIRS = N_GROUPS // 2  # int16 pairs of groups (2k, 2k + 1) per super-block
 
 

@@ -1,4 +1,4 @@
-"""Q4_K batched products with the weight rows as vector lanes (prefill, on AVX-512 VNNI targets).
+"""Q4_K batched products with the weight rows as vector lanes (prefill, on AVX-512 VNNI and AVX2 targets).
 
 The row kernels (kquant_rows) take one weight row against many activation rows: every product of a
 (weight row, activation row, super-block) ends in a horizontal sum of integer lanes and a scalar float
@@ -37,6 +37,16 @@ ROWS = 4  # activation rows per pass over a tile's quants (each quant vector loa
 CHUNK = 256  # activation rows whose float sums (CHUNK x TILE floats, 16 KiB) stay in the L1 cache (64: 7-9% slower at T = 512)
 N_SUB = 8
 MIN_ROWS = 16  # fewer activation rows: the row kernels (the unpacking is amortised over too few)
+# On AVX2 targets (narrow: each product as two 256-bit halves), the K-quant tiles from these rows
+# (TileKernel.narrow_min_rows). One Zen 4 thread compiled for Haswell, 640 x 1024 and 640 x 2048,
+# activation quantization included, median of 7 calls, GMAC/s, tiles against the row kernels (Q4_K,
+# Q5_K, Q6_K) or one vec_dot per weight and activation row (Q2_K, Q3_K, IQ4_XS), T = 4 / 8 / 16 / 32 /
+# 256: Q4_K 27-33/47-50, 38-42/57-58, 52-55/60-61, 65-68/61, 73-81/60-62; Q5_K 25-27/39-41,
+# 36-38/52-53, 50-53/40, 63-65/38-41, 69-77/34-40; Q6_K 18-22/34-40, 31-34/44-50, 43-47/50-59,
+# 51-57/49-59, 57-71/55; Q2_K 24/27-28, 36-37/28, 49-52/28, 62-63/27-28, 72-75/27-28; Q3_K 14-19/13-18,
+# 23/13, 36-37/14, 43-45/14, 49-71/14-21; IQ4_XS 26-29/21-22, 35-38/22, 45-48/22, 52-55/22, 59-60/22
+# (and at T = 2 17-20/20-21). Dequantize + BLAS (one OpenBLAS thread) was 43-51 at T = 256.
+NARROW_MIN_ROWS = 32
 
 
 def _transpose16(v: VectorCode, lanes: list) -> list:
@@ -127,11 +137,13 @@ def activation_quads(v: VectorCode, aqs_type, aqs, t, b, rows: int):
     return act_quad
 
 
-def group_sums(v: VectorCode, tile_type, tile, scales_type, scales, aqs_type, aqs, t, b, rows: int, quads_per_group: int):
+def group_sums(v: VectorCode, tile_type, tile, scales_type, scales, aqs_type, aqs, t, b, rows: int, quads_per_group: int,
+               signed_weights: bool = False):
     """For activation rows t..t+rows-1 (aqs int8[T, K]) and super-block b: per row, sum over the groups
     of the block of scale_g (scales int32[n_groups, 16]) times the group's products with the tile's
     16 rows (quads_per_group vpdpbusd each, the activation's four bytes broadcast): <16 x i32> per row.
-    Each tile vector is loaded once for the `rows` activation rows."""
+    Each tile vector is loaded once for the `rows` activation rows. signed_weights: the tile's bytes
+    are signed (_dot_quads_512)."""
     builder = v.builder
     i64 = ir.IntType(64)
     act_quad = activation_quads(v, aqs_type, aqs, t, b, rows)
@@ -142,7 +154,7 @@ def group_sums(v: VectorCode, tile_type, tile, scales_type, scales, aqs_type, aq
             quad = quads_per_group * g + j
             quads = v.load(tile_type, tile, i64(64 * quad), 64)
             for u in range(rows):
-                sums[u] = _dot_quads_512(v, sums[u], quads, act_quad(u, 4 * quad))
+                sums[u] = _dot_quads_512(v, sums[u], quads, act_quad(u, 4 * quad), signed_weights)
         scale = v.load(scales_type, scales, i64(16 * g), 16)
         for u in range(rows):
             scaled[u] = v.add(scaled[u], builder.mul(sums[u], scale))
@@ -206,11 +218,22 @@ def _tile_dots(rows: int):
     return tile_dots
 
 
-def _dot_quads_512(v: VectorCode, start, unsigned_bytes, signed_bytes):
-    """<16 x i32>: lane i += sum of the four products of bytes 4i..4i+3 (unsigned x signed)."""
+def narrow(v: VectorCode) -> bool:
+    """Whether this compile's tiles take each 512-bit product as two 256-bit halves (AVX2 without AVX-512
+    VNNI: vpmaddubsw + vpmaddwd, exact for weight bytes <= 127 unsigned or -127..127 signed, so types
+    whose tiles hold larger unsigned bytes keep them signed there: iq4_tiles)."""
+    return v.avx2 and not v.avx512_vnni
+
+
+def _dot_quads_512(v: VectorCode, start, weight_bytes, signed_bytes, signed_weights: bool = False):
+    """<16 x i32>: lane i += sum of the four products of bytes 4i..4i+3 (weight bytes unsigned, or
+    signed where signed_weights: narrow targets only, x signed activation bytes in -127..127)."""
     if v.avx512_vnni:
-        return v._vpdpbusd(start, unsigned_bytes, signed_bytes)
-    products = v.builder.mul(v.widen(unsigned_bytes, 32, signed=False), v.widen(signed_bytes, 32))
+        return v._vpdpbusd(start, weight_bytes, signed_bytes)
+    if v.avx2:
+        dot = v.dot_quads_signed if signed_weights else v.dot_quads
+        return v.add(start, v.join(*[dot(_half(v, weight_bytes, h), _half(v, signed_bytes, h)) for h in range(2)]))
+    products = v.builder.mul(v.widen(weight_bytes, 32, signed=signed_weights), v.widen(signed_bytes, 32))
     sums = None
     for q in range(4):
         sums = v.add(sums, v.shuffle(products, range(q, 64, 4)))
@@ -224,10 +247,19 @@ def _dot_word_pairs_512(v: VectorCode, start, x, y):
         words = v.vector_type(32, 16)
         pairs = v._x86("llvm.x86.avx512.pmaddw.d.512", [builder.bitcast(x, words), builder.bitcast(y, words)], x.type)
         return v.add(start, pairs)
+    if v.avx2:  # vpmaddwd on each 256-bit half
+        halves = [v.scale_pairs(v.bitcast(_half(v, x, h), 16, 16), v.bitcast(_half(v, y, h), 16, 16)) for h in range(2)]
+        return v.add(start, v.join(*halves))
     words_x, words_y = v.widen(v.bitcast(x, 32, 16), 32), v.widen(v.bitcast(y, 32, 16), 32)
     products = builder.mul(words_x, words_y)
     sums = builder.add(v.shuffle(products, range(0, 32, 2)), v.shuffle(products, range(1, 32, 2)))
     return v.add(start, sums)
+
+
+def _half(v: VectorCode, vec, h: int):
+    """Half h (0: low lanes, 1: high) of a 512-bit vector."""
+    n = vec.type.count // 2
+    return v.shuffle(vec, range(n * h, n * h + n))
 
 
 tile_dots_4 = _tile_dots(ROWS)
@@ -235,8 +267,9 @@ tile_dots_1 = _tile_dots(1)
 
 
 def available() -> bool:
-    """Whether the compile target has AVX-512 VNNI (with BW), where the tiles beat the row kernels:
-    elsewhere the kernel compiles through portable IR (the tests run it so) but is no faster."""
+    """Whether the compile target has AVX-512 VNNI (with BW), where the tiles beat the row kernels from
+    MIN_ROWS (on AVX2, matmul.tile_rows_from takes NARROW_MIN_ROWS; elsewhere the kernel compiles through
+    portable IR, the tests run it so, but is no faster)."""
     from numba.core.registry import cpu_target
 
     return _target_has_avx512_vnni(cpu_target.target_context) and _target_has_avx512_bw(cpu_target.target_context)

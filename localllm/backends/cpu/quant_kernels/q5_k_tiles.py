@@ -27,6 +27,7 @@ from .vector import VectorCode
 # Fewer activation rows: the row kernels (kquant_rows): even with them at T = 24, 0.87x at T = 16, 1.5x
 # at T = 256 (640 x 1024 and 640 x 2048, one thread).
 MIN_ROWS = 32
+NARROW_MIN_ROWS = 16  # on AVX2 (q4_k_tiles.NARROW_MIN_ROWS has the figures)
 
 
 def five_bit_chunks(v: VectorCode, row, base):
