@@ -145,8 +145,15 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
     QT = quant.get(name)
     rng = np.random.default_rng(41)
     k = 544  # 17 blocks: an odd last block
-    raw = _weights(name, rng, 21, k)
+    # two tiles: the special rows' (Q8_0's holds quants of -128, whose tiles keep the signs on the weights
+    # on AVX2) and ordinary rows' (on AVX2 signed by the activation, legacy_tiles.SIGNED_BY_ACTIVATION)
+    raw = _weights(name, rng, 37, k)
+    if name == "Q8_0":
+        quants = raw.reshape(37, -1, 34)[:, :, 2:].view(np.int8)
+        assert (quants[:16] == -128).any() and not (quants[16:32] == -128).any()
+    saturated = np.where(np.arange(k) % 2, 1.0, -1.0)[None].repeat(3, 0).astype(np.float32)  # alternating +-127
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (5, 16, 35)]
+    batches.append(BatchActivation(QT.act, 3, k).quantize(saturated))
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
@@ -157,7 +164,7 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
                 n_rows = batch[0].shape[0]
                 out = np.full((n_rows, raw.shape[0]), np.nan, dtype=np.float32)
                 tiles(raw, out, *batch)
-                np.testing.assert_array_equal(bits(out[:, :16]), bits(want[:, :16]), err_msg=f"{name} {isa} T={n_rows}")
+                np.testing.assert_array_equal(bits(out[:, :32]), bits(want[:, :32]), err_msg=f"{name} {isa} T={n_rows}")
     finally:
         vector.VECTOR_ISA = saved
 

@@ -219,7 +219,7 @@ def _q8_0() -> KernelRecord:
     from . import legacy_tiles
 
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
-    tiles = TileKernel(legacy_tiles.q8_0_tiles, legacy_tiles.MIN_ROWS["Q8_0"])
+    tiles = TileKernel(legacy_tiles.q8_0_tiles, legacy_tiles.MIN_ROWS["Q8_0"], legacy_tiles.NARROW_MIN_ROWS["Q8_0"])
     return KernelRecord(quant.get("Q8_0"), k.vec_dot, quant.get("Q8_0").dequantize_row, grid=grid, pairs=pairs, tiles=tiles)
 
 
@@ -278,7 +278,7 @@ def _iq4_nl() -> KernelRecord:
     from . import legacy_tiles
 
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
-    tiles = TileKernel(legacy_tiles.iq4_nl_tiles, legacy_tiles.MIN_ROWS["IQ4_NL"])
+    tiles = TileKernel(legacy_tiles.iq4_nl_tiles, legacy_tiles.MIN_ROWS["IQ4_NL"], legacy_tiles.NARROW_MIN_ROWS["IQ4_NL"])
     return KernelRecord(quant.get("IQ4_NL"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles)
 
 

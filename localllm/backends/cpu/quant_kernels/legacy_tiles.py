@@ -1,5 +1,6 @@
 """Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL batched products with 16 weight rows as vector lanes (prefill, on
-AVX-512 VNNI targets), each result equal to the type's vec_dot bit for bit.
+AVX-512 VNNI and, as two halves of 8 rows, AVX2 targets), each result equal to the type's vec_dot bit for
+bit.
 
 vec_dot's float order (VectorCode.row_sum) is not one scalar step per block: it keeps eight float lanes
 across the blocks. Per block, lane j of an <8 x i32> holds the four products of quad j (bytes 4j..4j+3;
@@ -17,6 +18,8 @@ then ROWS activation rows at a time stream over every block with their 8 * ROWS 
 registers. Q8_0's signed quants are stored as unsigned q + 128 (vpdpbusd multiplies unsigned by signed
 bytes), so lane j starts from -128 times the activation's quad j sum: |start| <= 128 * 4 * 127 and the
 lane ends at exactly vec_dot's integer. IQ4_NL's looked-up levels (-127..113) are stored the same way.
+On AVX2 (vpmaddubsw, which saturates where vpdpbusd does not) those two types' quants stay signed and
+the activation's magnitudes take their place as the unsigned operand (SIGNED_BY_ACTIVATION).
 """
 
 from __future__ import annotations
@@ -49,9 +52,11 @@ MIN_ROWS = {"Q4_0": 32, "Q5_0": 32, "Q8_0": 64, "Q4_1": 8, "Q5_1": 8, "IQ4_NL": 
 # Haswell, median of 7 calls, tiles / row kernels (GMAC/s), T = 8 / 16 / 32: Q4_0 36/35, 32/38 /
 # 48/36, 40/39 / 36/35, 31/25; Q5_0 37/32, 33/34 / 47/31, 40/32 / 55/31, 44/33; Q4_1 26/28, 24/30 /
 # 38/29, 32/30 / 44/28, 37/29; Q5_1 20/16, 17/16 / 37/22, 32/22 / 45/21, 36/22. Q8_0 and IQ4_NL
-# (signed quants: |q| and its sign taken per quad, two operations more) gain little: tiles / rows
-# 0.74-0.97 at T = 8 and 16, 0.79-1.16 at 32 and 64, 1.02-1.19 at 256.
-NARROW_MIN_ROWS = {"Q4_0": 16, "Q5_0": 16, "Q4_1": 16, "Q5_1": 16, "Q8_0": None, "IQ4_NL": None}
+# (signed quants), first with |q| and its sign taken per quad: tiles / rows 0.74-0.97 at T = 8 and 16,
+# 0.79-1.16 at 32 and 64, 1.02-1.19 at 256; then SIGNED_BY_ACTIVATION (the same runs, GMAC/s), T = 16 /
+# 32 / 64 / 256: Q8_0 38/28, 35/29 / 42/37, 38/39 / 45/37, 41/39 / 45/36, 41/37 (the tiles 36/36 at
+# 256 before); IQ4_NL 36/34, 35/36 / 42/34, 39/37 / 44/35, 40/36 / 47/34, 42/36 (39/40 before).
+NARROW_MIN_ROWS = {"Q4_0": 16, "Q5_0": 16, "Q4_1": 16, "Q5_1": 16, "Q8_0": 32, "IQ4_NL": 32}
 
 
 # ----- the types: where their quants lie, as an unpacking of one block to <32 x i8> in element order -----
@@ -76,8 +81,7 @@ def wide(v: VectorCode) -> bool:
     """Whether this compile's tiles run as 512-bit vectors with vpdpbusd (AVX-512 VNNI): then the signed
     quants of the QUAD_OFFSET types are stored as q + 128 (vpdpbusd multiplies unsigned by signed
     bytes). Elsewhere each activation row takes a tile as two halves of 8 rows (emit_rows) and those
-    quants stay signed (vpmaddubsw would saturate on 255 x 127 pairs; dot_quads_signed takes |q| and
-    moves q's sign onto the activation)."""
+    quants stay signed (vpmaddubsw would saturate on 255 x 127 pairs): SIGNED_BY_ACTIVATION."""
     return v.avx512_vnni
 
 
@@ -172,12 +176,19 @@ def quad_starts(qs, out):
 # ----- the products: ROWS activation rows against a tile over every block -----
 
 ZERO_POINT, MINIMUM, QUAD_OFFSET = "zero point", "minimum", "quad offset"  # how a type's lanes start
+# The QUAD_OFFSET types' signed quants on narrow targets, the other way round: |a| (the activation's
+# magnitudes, computed once per call) times q with a's sign, where dot_quads_signed takes |q| and moves
+# q's sign onto a at every read of the tile: one operation fewer per quad (NARROW_MIN_ROWS has the
+# figures). vpmaddubsw's signed operand is then q: exact unless q is -128, which llama.cpp never writes
+# (round(x / d) with d = amax / 127) but a file may hold: the Q8_0 driver checks each tile (holds_byte).
+SIGNED_BY_ACTIVATION = "signed by the activation"
 
 
 def _rows_kernel(kind: str, n_rows: int):
     """An intrinsic tile_rows(tile, scales, mins, aqs, ad, ints, out, r0, t): out[t + u, r0 : r0 + 16]
     for u < n_rows, each lane vec_dot's value for its weight row. ints: the starts (ZERO_POINT:
-    int32[T, nb]; QUAD_OFFSET: int32[T, K / 4]) or, for MINIMUM, the activation's block sums
+    int32[T, nb]; QUAD_OFFSET: int32[T, K / 4]; SIGNED_BY_ACTIVATION: the activation's magnitudes
+    int8[T, K], narrow targets only) or, for MINIMUM, the activation's block sums
     int32[T, nb] (mins float32[nb, 16] then holds the minima; otherwise unused)."""
 
     @intrinsic
@@ -279,6 +290,10 @@ def _quad_dots(v: VectorCode, kind: str, quads, lanes, word, ints_row, b, j: int
     act = v.bitcast(v.splat(word, width), 4 * width, 8)
     if kind == QUAD_OFFSET:
         return v.dot_quads_signed(weights, act)
+    if kind == SIGNED_BY_ACTIVATION:  # |a| (from ints_row) times q with a's sign
+        at = v.offset(v.builder.mul(b, ir.Constant(b.type, BLOCK)), 4 * j)
+        magnitude_word = v.builder.load(v.builder.bitcast(v.builder.gep(ints_row, [at]), ir.IntType(32).as_pointer()), align=1)
+        return v.dot_quads_signed(act, weights, magnitude=v.bitcast(v.splat(magnitude_word, width), 4 * width, 8))
     return v.dot_quads(weights, act, _lane_start(v, kind, ints_row, b, j, width))
 
 
@@ -304,6 +319,7 @@ def _float_sum_lanes(v: VectorCode, accs):
 zero_rows_2, zero_rows_1 = _rows_kernel(ZERO_POINT, ROWS), _rows_kernel(ZERO_POINT, 1)
 min_rows_2, min_rows_1 = _rows_kernel(MINIMUM, ROWS), _rows_kernel(MINIMUM, 1)
 quad_rows_2, quad_rows_1 = _rows_kernel(QUAD_OFFSET, ROWS), _rows_kernel(QUAD_OFFSET, 1)
+signed_rows_2, signed_rows_1 = _rows_kernel(SIGNED_BY_ACTIVATION, ROWS), _rows_kernel(SIGNED_BY_ACTIVATION, 1)
 
 unpack_q4_0 = _unpacker(18, _four_bit(2))
 unpack_q4_1 = _unpacker(20, _four_bit(4))
@@ -318,6 +334,16 @@ def available() -> bool:
     from .q4_k_tiles import available as q4_k_tiles_available
 
     return q4_k_tiles_available()
+
+
+@intrinsic
+def tiles_are_wide(typingctx):
+    """wide(v) for this compile, as a constant the drivers branch on."""
+
+    def codegen(context, builder, signature, args):
+        return ir.Constant(ir.IntType(1), int(wide(VectorCode(context, builder))))
+
+    return types.boolean(), codegen
 
 
 def narrow_available() -> bool:
@@ -397,31 +423,66 @@ def q5_1_tiles(weights, out, qs, d, s):
             min_rows_1(tile, scales, mins, qs, d, s, out, tile_index * TILE, t)
 
 
+@exact_kernel
+def holds_byte(tile, n_blocks, value):
+    """Whether the tile's quants of n_blocks blocks hold the byte `value` anywhere (no early exit: a
+    vectorised or-reduction, ~1 us for K = 2048)."""
+    found = False
+    for r in range(QUADS * n_blocks):
+        for c in range(64):
+            found |= tile[r, c] == value
+    return found
+
+
+@exact_kernel
+def quad_activation_terms(qs, n_blocks, wide_tiles):
+    """(starts, magnitudes) of the QUAD_OFFSET drivers: on wide targets the lanes' starts (quad_starts)
+    and qs as a placeholder, elsewhere a placeholder and |qs| (SIGNED_BY_ACTIVATION)."""
+    if wide_tiles:
+        starts = np.empty((qs.shape[0], n_blocks * QUADS), dtype=np.int32)
+        quad_starts(qs, starts)
+        return starts, qs
+    return np.empty((1, 1), dtype=np.int32), np.abs(qs)
+
+
 @exact_kernel(parallel=True)
 def q8_0_tiles(weights, out, qs, d, s):
     n_rows, n_blocks = d.shape
-    starts = np.empty((n_rows, n_blocks * QUADS), dtype=np.int32)
-    quad_starts(qs, starts)
+    wide_tiles = tiles_are_wide()
+    starts, magnitudes = quad_activation_terms(qs, n_blocks, wide_tiles)
     for tile_index in prange(weights.shape[0] // TILE):
         tile, scales, mins = tile_scratch(n_blocks)
         unpack_q8_0(weights, tile_index * TILE, n_blocks, tile)
         f16_columns(weights, tile_index * TILE, 34, 0, scales)
+        by_activation = not wide_tiles and not holds_byte(tile, n_blocks, 0x80)  # no quant of -128
         for pair in range(n_rows // ROWS):
-            quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+            if by_activation:
+                signed_rows_2(tile, scales, mins, qs, d, magnitudes, out, tile_index * TILE, pair * ROWS)
+            else:
+                quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
         for t in range(n_rows - n_rows % ROWS, n_rows):
-            quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
+            if by_activation:
+                signed_rows_1(tile, scales, mins, qs, d, magnitudes, out, tile_index * TILE, t)
+            else:
+                quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
 
 
 @exact_kernel(parallel=True)
 def iq4_nl_tiles(weights, out, qs, d, s):
     n_rows, n_blocks = d.shape
-    starts = np.empty((n_rows, n_blocks * QUADS), dtype=np.int32)
-    quad_starts(qs, starts)
+    wide_tiles = tiles_are_wide()
+    starts, magnitudes = quad_activation_terms(qs, n_blocks, wide_tiles)
     for tile_index in prange(weights.shape[0] // TILE):
         tile, scales, mins = tile_scratch(n_blocks)
         unpack_iq4_nl(weights, tile_index * TILE, n_blocks, tile)
         f16_columns(weights, tile_index * TILE, 18, 0, scales)
-        for pair in range(n_rows // ROWS):
-            quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+        for pair in range(n_rows // ROWS):  # IQ4_NL's levels are -127..113: never -128
+            if wide_tiles:
+                quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+            else:
+                signed_rows_2(tile, scales, mins, qs, d, magnitudes, out, tile_index * TILE, pair * ROWS)
         for t in range(n_rows - n_rows % ROWS, n_rows):
-            quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
+            if wide_tiles:
+                quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
+            else:
+                signed_rows_1(tile, scales, mins, qs, d, magnitudes, out, tile_index * TILE, t)

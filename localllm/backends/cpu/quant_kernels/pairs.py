@@ -125,7 +125,7 @@ def dot_quads_signed_wide(v: VectorCode, x, y):
     """dot_quads_signed on 64 bytes -> <16 x i32> (avx512_vnni only): |x| times y with x's sign, the
     sign applied by a masked negation (AVX-512 has no vpsignb; where x is 0 the product is 0 anyway)."""
     builder = v.builder
-    magnitude = v._x86("llvm.abs.v64i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+    magnitude = v.magnitude(x)
     negative = builder.icmp_signed("<", x, v.constant(0, 64, 8))
     signed = builder.select(negative, builder.sub(v.constant(0, 64, 8), y), y)
     return v._vpdpbusd(None, magnitude, signed)

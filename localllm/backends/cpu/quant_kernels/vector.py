@@ -234,14 +234,19 @@ class VectorCode(WideOps, FloatSums):
         products = self.builder.mul(self.widen(unsigned_bytes, 16, signed=False), self.widen(signed_bytes, 16))
         return self._pairwise_add(products)
 
-    def dot_pairs_signed(self, x, y):
+    def magnitude(self, x):
+        """|x| per byte lane (vpabsb; -128 stays 0x80, which the multiply-adds read as unsigned 128)."""
+        return self._x86(f"llvm.abs.v{x.type.count}i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+
+    def dot_pairs_signed(self, x, y, magnitude=None):
         """<32 x i8> * <32 x i8>, both signed -> <16 x i16>: adjacent products summed.
 
         Exact for |x| <= 127 and y != -128 (on AVX2 it is vpmaddubsw(|x|, y * sign(x)), as llama.cpp
-        does); q8_0/q8_k activations lie in -127..127 by construction.
+        does); q8_0/q8_k activations lie in -127..127 by construction. magnitude: |x|, where the caller
+        has it already (a tile that stores it: one operation fewer per call).
         """
         if self.avx2:
-            magnitude = self._x86("llvm.abs.v32i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
+            magnitude = self.magnitude(x) if magnitude is None else magnitude
             signed = self._x86("llvm.x86.avx2.psign.b", [y, x], y.type)
             return self._x86("llvm.x86.avx2.pmadd.ub.sw", [magnitude, signed], self.vector_type(16, 16))
         return self._pairwise_add(self.builder.mul(self.widen(x, 16), self.widen(y, 16)))
@@ -321,13 +326,13 @@ class VectorCode(WideOps, FloatSums):
         sums = self.scale_pairs(self.dot_pairs(unsigned_bytes, signed_bytes), self.constant(1, 16, 16))
         return sums if start is None else self.builder.add(start, sums)
 
-    def dot_quads_signed(self, x, y, start=None):
-        """<32 x i8> * <32 x i8>, both signed -> <8 x i32> (+ start); the ranges of dot_pairs_signed."""
+    def dot_quads_signed(self, x, y, start=None, magnitude=None):
+        """<32 x i8> * <32 x i8>, both signed -> <8 x i32> (+ start); the ranges and `magnitude` of
+        dot_pairs_signed."""
         if self.vnni:
-            magnitude = self._x86("llvm.abs.v32i8", [x, ir.Constant(ir.IntType(1), 0)], x.type)
             signed = self._x86("llvm.x86.avx2.psign.b", [y, x], y.type)
-            return self._vpdpbusd(start, magnitude, signed)
-        sums = self.scale_pairs(self.dot_pairs_signed(x, y), self.constant(1, 16, 16))
+            return self._vpdpbusd(start, self.magnitude(x) if magnitude is None else magnitude, signed)
+        sums = self.scale_pairs(self.dot_pairs_signed(x, y, magnitude), self.constant(1, 16, 16))
         return sums if start is None else self.builder.add(start, sums)
 
 
