@@ -114,8 +114,12 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
     rng = np.random.default_rng(43)
     k = 512
     raw = _weights(name, rng, 32, k)
+    # rows of nibbles 15 against activations of +127: the largest byte products in pairs (on AVX2
+    # vpmaddubsw saturates past 32767, so the kernel must not feed it 16 x a high nibble)
+    raw.reshape(32, -1, QT.type_size)[20:24, :, 16:] = 0xFF
     packed = module.pack(raw)
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 6, 20)]  # each path of the driver
+    batches += [BatchActivation(QT.act, n, k).quantize(np.ones((n, k), dtype=np.float32)) for n in (1, 6)]
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:

@@ -35,7 +35,7 @@ from numba.extending import intrinsic
 
 from ....jit import exact_kernel
 from .q4_k import BLOCK_BYTES
-from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, activation_quads, float_steps, sub_block_sum_pairs
+from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, activation_quads, float_steps, narrow, sub_block_sum_pairs
 from .q4_k_tiles import tile_dots_1, tile_dots_4
 from .vector import VectorCode
 
@@ -121,14 +121,17 @@ def _record_dots(rows: int):
                     word_at = TILE * (_QUANT_WORDS + 8 * c + q)
                     quads = v.bitcast(v.load(None, record, i64(word_at), TILE), 64, 8)
                     # the high nibbles stay in place (16 x their value): one vpand instead of a shift
-                    # and a mask per load; their sums are divided by 16 once per sub-block below
-                    low, high_x16 = v.and_(quads, 0x0F), v.and_(quads, 0xF0)
+                    # and a mask per load; their sums are divided by 16 once per sub-block below. Not
+                    # on narrow targets: vpmaddubsw would saturate on 240 x 127 pairs.
+                    low = v.and_(quads, 0x0F)
+                    high_x16 = v.and_(v.shr(quads, 4), 0x0F) if narrow(v) else v.and_(quads, 0xF0)
                     for u in range(rows):
                         low_sums[u] = _dot_quads_512(v, low_sums[u], low, act_quad(u, 64 * c + 4 * q))
                         high_sums[u] = _dot_quads_512(v, high_sums[u], high_x16, act_quad(u, 64 * c + 32 + 4 * q))
                 for u in range(rows):
                     # exact: every term is a multiple of 16 (and |sum| < 2^31: 32 * 240 * 128)
-                    high_sums[u] = builder.ashr(high_sums[u], v.constant(4, TILE, 32))
+                    if not narrow(v):
+                        high_sums[u] = builder.ashr(high_sums[u], v.constant(4, TILE, 32))
                     part = builder.add(builder.mul(low_sums[u], scales[2 * c]), builder.mul(high_sums[u], scales[2 * c + 1]))
                     scaled[u] = v.add(scaled[u], part)
             halves = builder.bitcast(v.load(None, record, i64(0), TILE), ir.VectorType(ir.HalfType(), 2 * TILE))
