@@ -262,6 +262,15 @@ def _narrow_tiles_available() -> bool:
     return narrow_tiles_available()
 
 
+def packed_available() -> bool:
+    """Whether the target runs the re-laid lane kernels (PackedWeights) fast: AVX-512 VNNI, or AVX2 with
+    each product as two 256-bit halves. On AVX2, 2 threads, LOCALLLM_REPACK=1 against 0 (tok/s, three
+    alternations on Gemma 3 270M, two on the 8B-shaped Q4_0 file): Gemma Q4_K_M pp256 876-957 against
+    827-884, tg64 92-116 / 85-113; Gemma Q4_0 even (pp256 805-874 / 812-852); 8B Q4_0 pp128 14.4-14.9
+    against 12.4-12.7, tg32 even (5.8-6.2)."""
+    return _tiles_available() or _narrow_tiles_available()
+
+
 class PackedWeights:
     """A matrix whose first N - N % 16 rows are re-laid for a lane kernel (the kernel record's `packed`:
     for Q4_K quant_kernels.q4_k_x16, each record the transpose of 16 rows' super-block, word by word),
@@ -287,8 +296,8 @@ class PackedWeights:
     @staticmethod
     def suits(qt: QuantType, weights: np.ndarray) -> bool:
         """Whether a weight gains from the layout: a type with a packed kernel, on a target where the
-        lane kernels are fast (AVX-512 VNNI), with at least one tile of rows."""
-        return kernel_record(qt).packed is not None and weights.ndim == 2 and weights.shape[0] >= TILE and _tiles_available()
+        lane kernels are fast (packed_available), with at least one tile of rows."""
+        return kernel_record(qt).packed is not None and weights.ndim == 2 and weights.shape[0] >= TILE and packed_available()
 
     def matmul(self, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch, threads: int) -> None:
         """out[T, N] = x[T, K] @ W.T, each row as the one-row kernel computes it; `threads`: Numba's
@@ -366,8 +375,8 @@ class ExpertPack:
 
     @staticmethod
     def suits(qt: QuantType, weights: np.ndarray, n_expert: int) -> bool:
-        """A type with a grouped packed kernel, on a target where the lane kernels are fast, with whole
-        tiles per expert."""
+        """A type with a grouped packed kernel, on a target where the lane kernels are fast (AVX-512 VNNI:
+        the grouped kernel is not measured on AVX2), with whole tiles per expert."""
         record = kernel_record(qt).packed
         rows = weights.shape[0] // n_expert
         return record is not None and record.grouped is not None and rows % TILE == 0 and _tiles_available()

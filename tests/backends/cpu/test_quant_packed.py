@@ -17,10 +17,10 @@ from test_quant_tiles import _weights
 from localllm import quant
 from localllm.backends.base import Weight
 from localllm.backends.cpu import CPUBackend
-from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScratch, PackedWeights
+from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScratch, PackedWeights, packed_available
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.backends.cpu.quant_kernels import kernel_records, q4_0_x16, q4_k_tiles, q4_k_x16, vector
+from localllm.backends.cpu.quant_kernels import kernel_records, q4_0_x16, q4_k_x16, vector
 
 MODULES = {"Q4_K": q4_k_x16}  # the K-quants with a packed layout (their kernel record's `packed`)
 TYPES = sorted(MODULES)
@@ -148,7 +148,7 @@ def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_
             backend.matmul(weight, x, out)
             results.setdefault(n_rows, []).append(bits(out))
         repacked = isinstance(backend._layout_of(weight), PackedWeights)
-        assert repacked == (repack and qtype in MODULES and q4_k_tiles.available())
+        assert repacked == (repack and qtype in MODULES and packed_available())
     for n_rows, (plain, packed) in results.items():
         np.testing.assert_array_equal(plain, packed, err_msg=f"{qtype} T={n_rows}")
 

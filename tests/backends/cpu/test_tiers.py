@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import localllm
-from localllm.backends.cpu.matmul import PackedWeights, _tiles_available
+from localllm.backends.cpu.matmul import PackedWeights, packed_available
 
 from tiny_models import write_tiny_model
 
@@ -101,7 +101,7 @@ def test_the_switch_to_the_full_tier_re_lays_matrices_and_keeps_decoding_the_sam
     for a, b in zip(rows, expected):
         np.testing.assert_array_equal(a, b)
     relaid = [layout for layout in model.backend.layouts.recorded() if isinstance(layout, PackedWeights)]
-    assert bool(relaid) == _tiles_available()  # Q4_K matrices are re-laid where the lane kernels are fast
+    assert bool(relaid) == packed_available()  # Q4_K matrices are re-laid where the lane kernels are fast
 
 
 # Run in a fresh process: the kernels the precompile workload calls are then the only ones in memory, and

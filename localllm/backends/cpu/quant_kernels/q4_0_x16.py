@@ -1,5 +1,6 @@
 """Q4_0 weights re-laid 16 rows at a time, for products with the weight rows as vector lanes at any
-number of activation rows (decode included), on AVX-512 VNNI targets (as q4_k_x16 does for Q4_K).
+number of activation rows (decode included), on AVX-512 VNNI and AVX2 targets (as q4_k_x16 does for
+Q4_K).
 
 legacy_tiles transposes 16 rows per product, which pays back only over many activation rows; here the
 transpose is done once, when a weight is first multiplied (matmul.PackedWeights), into records of 288

@@ -1,5 +1,5 @@
 """Q4_K weights re-laid 16 rows at a time, for products with the weight rows as vector lanes at any
-number of activation rows (decode included), on AVX-512 VNNI targets.
+number of activation rows (decode included), on AVX-512 VNNI and AVX2 targets (matmul.packed_available).
 
 The tile kernels (q4_k_tiles) transpose 16 weight rows per product, which only pays back over many
 activation rows; a decode step reads each weight once. Here the transpose is done once, when a weight
