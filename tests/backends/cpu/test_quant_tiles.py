@@ -16,7 +16,7 @@ from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, matmul_rows
-from localllm.backends.cpu.quant_kernels import kernel_record, q2_k_tiles, q3_k_tiles, q4_k_tiles, q5_k_tiles, q6_k_tiles, vector
+from localllm.backends.cpu.quant_kernels import kernel_record, kernel_records, q2_k_tiles, q3_k_tiles, q4_k_tiles, q5_k_tiles, q6_k_tiles, vector
 
 MODULES = {"Q2_K": q2_k_tiles, "Q3_K": q3_k_tiles, "Q4_K": q4_k_tiles, "Q5_K": q5_k_tiles, "Q6_K": q6_k_tiles}
 TYPES = sorted(MODULES)
@@ -86,19 +86,23 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
 
 
 @pytest.mark.parametrize("wide, narrow", [(True, True), (True, False), (False, True), (False, False)])
-def test_the_tiles_start_where_the_target_runs_them_fast_and_leave_no_product_to_blas(wide, narrow, monkeypatch):
-    # Q2_K and Q3_K (and IQ4_XS: test_quant_tiles_iq4) have no row kernels: without fast tiles their
-    # prompts go through dequantization and BLAS, with them never.
+def test_every_tile_kernel_runs_on_both_targets_and_leaves_no_product_to_blas(wide, narrow, monkeypatch):
+    # Every type with tiles (the K-quants, IQ4_XS, legacy_tiles' six) has them on AVX-512 VNNI and on
+    # AVX2; those without multi-row kernels (Q2_K, Q3_K, IQ4_XS, Q4_1, Q5_1) send long prompts through
+    # dequantization and BLAS where the target has no fast tiles, and never where it has.
     cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]
     monkeypatch.setattr(cpu_matmul, "_tiles_available", lambda: wide)
     monkeypatch.setattr(cpu_matmul, "_narrow_tiles_available", lambda: narrow)
-    for name in TYPES:
-        tiles = kernel_record(name).tiles
+    tiled = [record for record in kernel_records() if record.tiles is not None]
+    assert {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "Q5_0", "Q4_1", "Q5_1", "Q8_0", "IQ4_NL"} <= {r.name for r in tiled}
+    for record in tiled:
+        tiles = record.tiles
         want = tiles.min_rows if wide else tiles.narrow_min_rows if narrow else None
-        assert want is not None or not (wide or narrow), name  # every K-quant has tiles on both targets
-        assert cpu_matmul.tile_rows_from(tiles) == want, name
-        if kernel_record(name).rows is None:
-            assert cpu_matmul.blas_min_rows(quant.get(name)) == (cpu_matmul.INTEGER_ALWAYS if want else cpu_matmul.BLAS_MIN_ROWS), name
+        assert (want is not None) == (wide or narrow), record.name
+        assert cpu_matmul.tile_rows_from(tiles) == want, record.name
+        assert cpu_matmul.has_fast_tiles(record.qt) == (want is not None), record.name
+        if not record.has_multirow_kernels:
+            assert cpu_matmul.blas_min_rows(record.qt) == (cpu_matmul.INTEGER_ALWAYS if want else cpu_matmul.BLAS_MIN_ROWS), record.name
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -115,17 +115,6 @@ def test_matmul_rows_calls_the_tile_kernel_from_min_rows_where_available(name, m
         assert rows_from == iq4_tiles.MIN_ROWS
 
 
-@pytest.mark.parametrize("wide, narrow", [(True, True), (True, False), (False, True), (False, False)])
-def test_the_tiles_start_where_the_target_runs_them_fast_and_leave_no_product_to_blas(wide, narrow, monkeypatch):
-    cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]
-    monkeypatch.setattr(cpu_matmul, "_tiles_available", lambda: wide)
-    monkeypatch.setattr(cpu_matmul, "_narrow_tiles_available", lambda: narrow)
-    for name in TYPES:
-        want = iq4_tiles.MIN_ROWS if wide else iq4_tiles.NARROW_MIN_ROWS if narrow else None
-        assert cpu_matmul.tile_rows_from(kernel_record(name).tiles) == want, name
-        assert cpu_matmul.blas_min_rows(quant.get(name)) == (cpu_matmul.INTEGER_ALWAYS if want else cpu_matmul.BLAS_MIN_ROWS), name
-
-
 @pytest.mark.parametrize("name", TYPES)
 def test_tiles_equal_vec_dot_on_every_isa(name):
     QT = quant.get(name)

@@ -54,17 +54,6 @@ def test_every_type_record_has_its_tile_kernel():
         assert kernel_record(name).tiles == TileKernel(kernel, legacy_tiles.MIN_ROWS[name], legacy_tiles.NARROW_MIN_ROWS[name])
 
 
-@pytest.mark.parametrize("wide, narrow", [(True, True), (True, False), (False, True), (False, False)])
-def test_the_tiles_start_where_the_target_runs_them_fast(wide, narrow, monkeypatch):
-    cpu_matmul = sys.modules["localllm.backends.cpu.matmul"]
-    monkeypatch.setattr(cpu_matmul, "_tiles_available", lambda: wide)
-    monkeypatch.setattr(cpu_matmul, "_narrow_tiles_available", lambda: narrow)
-    for name in TYPES:
-        want = legacy_tiles.MIN_ROWS[name] if wide else legacy_tiles.NARROW_MIN_ROWS[name] if narrow else None
-        assert cpu_matmul.tile_rows_from(kernel_record(name).tiles) == want, name
-        assert cpu_matmul.has_fast_tiles(quant.get(name)) == (want is not None), name
-
-
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("k", [256, 2048, 4608])
 def test_tiles_equal_vec_dot_across_the_kernels_steps(name, k):
