@@ -425,13 +425,14 @@ def q5_1_tiles(weights, out, qs, d, s):
 
 @exact_kernel
 def holds_byte(tile, n_blocks, value):
-    """Whether the tile's quants of n_blocks blocks hold the byte `value` anywhere (no early exit: a
-    vectorised or-reduction, ~1 us for K = 2048)."""
-    found = False
-    for r in range(QUADS * n_blocks):
-        for c in range(64):
-            found |= tile[r, c] == value
-    return found
+    """Whether the tile's quants of n_blocks blocks hold the byte `value` anywhere: a count over the flat
+    tile without an early exit, which LLVM vectorises (measured ~2.5 us for K = 2048, a 32 KB tile,
+    where its products at T = 256 take ~190 us; a two-level loop or-ing booleans took ~7)."""
+    flat = tile.ravel()
+    found = np.int32(0)
+    for i in range(QUADS * n_blocks * 64):
+        found += np.int32(flat[i] == value)
+    return found != 0
 
 
 @exact_kernel
