@@ -223,12 +223,16 @@ def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, ac
     <16 x float> minima or None); acts: (type, value) of aqs, ad and the ints of _rows_kernel; out:
     (type, value). Each row keeps eight accumulators, one per lane of vec_dot's eight: <16 x float>,
     all rows in one loop over the blocks where wide(v); elsewhere (AVX2) one loop per row and half of
-    the tile (rows r0..r0+7, then r0+8..r0+15), eight <8 x float> (16 of 16 lanes would spill the 16
-    ymm registers). Lane j of a quad's dot is the same integer either way and the float steps the same
+    the tile (rows r0..r0+7, then r0+8..r0+15), eight <8 x float> (16 of 16 lanes spill the 16 ymm
+    registers), except for a single row of the unsigned kinds (see below). Lane j of a quad's dot is the same integer either way and the float steps the same
     operations, so every output has vec_dot's bits on every target."""
     t, r0 = v.resize(t, 64), v.resize(r0, 64)
     act_rows = [[v.row_pointer(array_type, array, v.offset(t, u)) for array_type, array in acts] for u in range(n_rows)]
-    if wide(v):
+    if wide(v) or (n_rows == 1 and kind in (ZERO_POINT, MINIMUM) and v.avx2):
+        # one row on AVX2 too, all 16 lanes in one pass (the unsigned kinds' 512-bit products run as
+        # halves there, _dot_quads_512): a tile's blocks are read once, not once per half, which a
+        # decode from memory feels (the 8B-shaped Q4_0 file re-laid, compiled for Haswell, 2 threads,
+        # scripts/profile_ops.py --decode 8 alternating: 7.0 and 9.5 tok/s against 6.8 and 5.8)
         passes = [(list(range(n_rows)), range(16))]
     else:
         passes = [([u], range(8 * h, 8 * h + 8)) for u in range(n_rows) for h in range(2)]
