@@ -226,8 +226,8 @@ def narrow(v: VectorCode) -> bool:
 
 
 def _dot_quads_512(v: VectorCode, start, weight_bytes, signed_bytes, signed_weights: bool = False):
-    """<16 x i32>: lane i += sum of the four products of bytes 4i..4i+3 (weight bytes unsigned, or
-    signed where signed_weights: narrow targets only, x signed activation bytes in -127..127)."""
+    """<16 x i32>: lane i += sum of the four products of bytes 4i..4i+3: weight bytes (unsigned, or
+    signed where signed_weights: narrow targets only) times signed activation bytes (-127..127)."""
     if v.avx512_vnni:
         return v._vpdpbusd(start, weight_bytes, signed_bytes)
     if v.avx2:

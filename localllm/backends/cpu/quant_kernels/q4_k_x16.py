@@ -124,10 +124,10 @@ def _record_dots(rows: int):
                     # and a mask per load; their sums are divided by 16 once per sub-block below. Not
                     # on narrow targets: vpmaddubsw would saturate on 240 x 127 pairs.
                     low = v.and_(quads, 0x0F)
-                    high_x16 = v.and_(v.shr(quads, 4), 0x0F) if narrow(v) else v.and_(quads, 0xF0)
+                    high = v.and_(v.shr(quads, 4), 0x0F) if narrow(v) else v.and_(quads, 0xF0)
                     for u in range(rows):
                         low_sums[u] = _dot_quads_512(v, low_sums[u], low, act_quad(u, 64 * c + 4 * q))
-                        high_sums[u] = _dot_quads_512(v, high_sums[u], high_x16, act_quad(u, 64 * c + 32 + 4 * q))
+                        high_sums[u] = _dot_quads_512(v, high_sums[u], high, act_quad(u, 64 * c + 32 + 4 * q))
                 for u in range(rows):
                     # exact: every term is a multiple of 16 (and |sum| < 2^31: 32 * 240 * 128)
                     if not narrow(v):

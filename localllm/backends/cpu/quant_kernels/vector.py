@@ -243,7 +243,7 @@ class VectorCode(WideOps, FloatSums):
 
         Exact for |x| <= 127 and y != -128 (on AVX2 it is vpmaddubsw(|x|, y * sign(x)), as llama.cpp
         does); q8_0/q8_k activations lie in -127..127 by construction. magnitude: |x|, where the caller
-        has it already (a tile that stores it: one operation fewer per call).
+        has it already (legacy_tiles.SIGNED_BY_ACTIVATION: the activation's, computed once per product).
         """
         if self.avx2:
             magnitude = self.magnitude(x) if magnitude is None else magnitude
