@@ -1,4 +1,4 @@
-"""Q4_K rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py, backends/cpu/matmul.PackedWeights): the layout
+"""Q4_K and Q3_K rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py, q3_k_x16.py, backends/cpu/matmul.PackedWeights): the layout
 against a NumPy statement of it, the lane kernel against the one-row vec_dot bit for bit at every batch
 size (decode's one row included) and on every VectorCode instruction-set path, the backend's choice of
 layout, and the release of the mapped pages the re-laid rows came from."""
@@ -20,9 +20,13 @@ from localllm.backends.cpu import CPUBackend
 from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScratch, PackedWeights, packed_available
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.backends.cpu.quant_kernels import kernel_records, q4_0_x16, q4_k_x16, vector
+from localllm.backends.cpu.quant_kernels import kernel_records, q3_k_x16, q4_0_x16, q4_k_x16, vector
 
-MODULES = {"Q4_K": q4_k_x16}  # the K-quants with a packed layout (their kernel record's `packed`)
+MODULES = {"Q3_K": q3_k_x16, "Q4_K": q4_k_x16}  # the K-quants with a packed layout (their kernel record's `packed`)
+# Bytes of a block whose largest values give the largest products in pairs (a row's block[WIDEST] all
+# 0xFF): Q4_K's quants (nibbles 15: on AVX2 vpmaddubsw saturates past 32767, so the kernel must not feed
+# it 16 x a high nibble), Q3_K's hmask and quants (every u = q + 4 at 7).
+WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96)}
 TYPES = sorted(MODULES)
 TESTED_ELSEWHERE = {"Q4_0": q4_0_x16}  # test_quant_tiles_legacy.py
 
@@ -44,6 +48,16 @@ def test_q4_k_pack_puts_word_s_of_row_i_at_16s_plus_i():
     np.testing.assert_array_equal(packed, want)
 
 
+def test_q3_k_pack_puts_d_first_then_word_w_of_row_i_at_16w_plus_i():
+    rng = np.random.default_rng(2)
+    raw = _weights("Q3_K", rng, 35, 512)  # two tiles, 3 rows left out
+    packed = q3_k_x16.pack(raw)
+    blocks = raw[:32].reshape(2, 16, 2, 110)  # [tile, row i, block b, byte]
+    d = blocks[..., 108:110].transpose(0, 2, 1, 3).reshape(4, 32)  # record tile * 2 + b: row i's d at 2i
+    words = blocks[..., :108].reshape(2, 16, 2, 27, 4).transpose(0, 2, 3, 1, 4).reshape(4, 27 * 64)  # word w of row i at 64w + 4i
+    np.testing.assert_array_equal(packed, np.concatenate([d, words], axis=1))
+
+
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("k", [256, 2048, 4608])
 def test_packed_kernel_equals_vec_dot_at_every_batch_size(name, k):
@@ -51,7 +65,8 @@ def test_packed_kernel_equals_vec_dot_at_every_batch_size(name, k):
     rng = np.random.default_rng(k)
     raw = _weights(name, rng, 48, k)
     packed = module.pack(raw)
-    assert (module.CHUNK, module.ROWS, module.UNPACK_ROWS) == (256, 4, 8)  # the sizes below cross all three
+    thresholds = (module.UNPACK_ROWS, getattr(module, "NARROW_UNPACK_ROWS", 2))
+    assert module.CHUNK == 256 and module.ROWS == 4 and all(2 <= n <= 8 for n in thresholds)  # the sizes below cross them all
     for n_rows in (1, 2, 3, 4, 5, 7, 8, 16, 255, 256, 257):
         batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         for n_parts in (1, 2, 5):
@@ -114,11 +129,10 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
     rng = np.random.default_rng(43)
     k = 512
     raw = _weights(name, rng, 32, k)
-    # rows of nibbles 15 against activations of +127: the largest byte products in pairs (on AVX2
-    # vpmaddubsw saturates past 32767, so the kernel must not feed it 16 x a high nibble)
-    raw.reshape(32, -1, QT.type_size)[20:24, :, 16:] = 0xFF
+    # rows of the largest quants against activations of +127: the largest byte products in pairs
+    raw.reshape(32, -1, QT.type_size)[20:24, :, WIDEST[name]] = 0xFF
     packed = module.pack(raw)
-    batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 6, 20)]  # each path of the driver
+    batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 3, 6, 20)]  # each path of the driver
     batches += [BatchActivation(QT.act, n, k).quantize(np.ones((n, k), dtype=np.float32)) for n in (1, 6)]
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
@@ -134,7 +148,7 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
         vector.VECTOR_ISA = saved
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q3_K", "Q4_K", "Q6_K", "Q8_0"])
 def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_same_results(qtype):
     rng = np.random.default_rng(9)
     raw = _weights(qtype, rng, 32, 512) if qtype != "Q8_0" else quant.get(qtype).quantize(rng.normal(0, 0.05, (32, 512)).astype(np.float32)).reshape(32, -1)

@@ -231,10 +231,11 @@ def _q2_k() -> KernelRecord:
 
 
 def _q3_k() -> KernelRecord:
-    from . import q3_k, q3_k_tiles
+    from . import q3_k, q3_k_tiles, q3_k_x16
 
     tiles = TileKernel(q3_k_tiles.matvec_tiles, q3_k_tiles.MIN_ROWS, q3_k_tiles.NARROW_MIN_ROWS)
-    return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row, tiles=tiles)
+    packed = PackedKernel(q3_k_x16.pack, q3_k_x16.matvec_packed)
+    return KernelRecord(quant.get("Q3_K"), q3_k.vec_dot, quant.get("Q3_K").dequantize_row, tiles=tiles, packed=packed)
 
 
 def _q4_k() -> KernelRecord:
