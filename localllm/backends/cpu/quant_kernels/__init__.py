@@ -224,10 +224,11 @@ def _q8_0() -> KernelRecord:
 
 
 def _q2_k() -> KernelRecord:
-    from . import q2_k, q2_k_tiles
+    from . import q2_k, q2_k_tiles, q2_k_x16
 
     tiles = TileKernel(q2_k_tiles.matvec_tiles, q2_k_tiles.MIN_ROWS, q2_k_tiles.NARROW_MIN_ROWS)
-    return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row, tiles=tiles)
+    packed = PackedKernel(q2_k_x16.pack, q2_k_x16.matvec_packed)
+    return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row, tiles=tiles, packed=packed)
 
 
 def _q3_k() -> KernelRecord:
