@@ -246,7 +246,6 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, scales, scale_pa
         v = VectorCode(context, builder)
         i64 = ir.IntType(64)
         record = _record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-        _prefetch_ahead(v, record)
 
         def store(array_type, array, index, vec):
             pointer = builder.gep(v._data(array_type, array), [i64(index)])
