@@ -12,7 +12,7 @@ scales; the mins go through vpdpwssd against the activation's 16-element sums, a
 q2_k.vec_dot's, fma(ad, fma(d, scaled, -(dmin * mins)), acc), on 16 lanes (q2_k_tiles'). Every output
 equals q2_k.vec_dot's bit for bit, at every number of activation rows. From UNPACK_ROWS activation rows
 (NARROW_UNPACK_ROWS on AVX2) each record is unpacked once into q2_k_tiles' scratch (the quants times
-their scales, no transpose) for its tile_dots. Decode asks for the records PREFETCH_RECORDS ahead.
+their scales, no transpose) for its tile_dots. Decode asks for the records q3_k_x16.PREFETCH_RECORDS ahead.
 """
 
 from __future__ import annotations
@@ -26,17 +26,18 @@ from numba.extending import intrinsic
 from ....jit import exact_kernel
 from ....quant.q2_k import BLOCK_BYTES, N_GROUPS
 from .q2_k_tiles import N_PAIRS, tile_dots_1, tile_dots_4
-from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512, _dot_word_pairs_512, narrow
+from .q3_k_x16 import NARROW_UNPACK_ROWS, UNPACK_ROWS, activation_quad, float_step, one_row_dots, paired_sums
+from .q3_k_x16 import record_pointer, unpacks_from, word_vector
+from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512
 from .q6_k_tiles import group_sum_pairs
 from .vector import VectorCode
 
 WORDS = BLOCK_BYTES // 4  # 21
 RECORD_BYTES = TILE * BLOCK_BYTES  # 1344
 _SCALE_WORDS, _QUANT_WORDS, _D_WORD = 0, 4, 20
-# As q3_k_x16's (measured there; Q2_K's records are the same kind of work, less of it).
-UNPACK_ROWS = 4
-NARROW_UNPACK_ROWS = 2
-PREFETCH_RECORDS = 4
+# UNPACK_ROWS, NARROW_UNPACK_ROWS and the prefetch distance: q3_k_x16's (measured there; Q2_K's records
+# are the same kind of work, less of it).
+__all__ = ["NARROW_UNPACK_ROWS", "UNPACK_ROWS", "matvec_packed", "pack"]
 
 
 @exact_kernel(parallel=True)
@@ -63,11 +64,8 @@ def pack(weights: np.ndarray) -> np.ndarray:
 
 
 def _word(v: VectorCode, record, w: int, half: int | None = None):
-    """Word w of the 16 rows' blocks: <64 x i8>, row i's four bytes at 4i; or, for half 0 or 1, the
-    rows 8 * half .. 8 * half + 7 only (<32 x i8>)."""
-    if half is None:
-        return v.load(None, record, ir.IntType(64)(64 * w), 64)
-    return v.load(None, record, ir.IntType(64)(64 * w + 32 * half), 32)
+    """Word w of the 16 rows' blocks (q3_k_x16.word_vector)."""
+    return word_vector(v, record, 64 * w, half)
 
 
 def _record_codes(v: VectorCode, record, half: int | None = None):
@@ -91,32 +89,12 @@ def _record_d_dmin(v: VectorCode, record, half: int | None = None):
     return d, dmin
 
 
-def _prefetch_ahead(v: VectorCode, record):
-    """Ask for every cache line of the record PREFETCH_RECORDS further on."""
-    for line in range(0, RECORD_BYTES, 64):
-        v.prefetch(None, record, ir.IntType(64)(line), PREFETCH_RECORDS * RECORD_BYTES)
-
-
-def _record_pointer(v: VectorCode, packed_type, packed, n_blocks, tile, b):
-    builder = v.builder
-    return v.row_pointer(packed_type, packed, builder.add(builder.mul(v.resize(tile, 64), v.resize(n_blocks, 64)), v.resize(b, 64)))
-
-
 def _scaled_sum(v: VectorCode, record, scales, aqs, t, b, half: int | None):
     """<lanes x i32>: lane i = sum_g scale_g * sum_{p in group g} q_p * a_p for row i of the tile and
     activation row t; word by word, each quant word giving four quads (j = 0..3) of four groups
     (q3_k_x16._scaled_sums' order)."""
     builder = v.builder
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    act_row = v.row_pointer(aqs[0], aqs[1], t)
-    block_start = builder.mul(b, i64(256))
-    lanes = TILE if half is None else TILE // 2
-
-    def act_quad(position):  # the activation's four bytes at `position`, broadcast
-        pointer = builder.gep(act_row, [builder.add(block_start, i64(position))])
-        word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
-        return v.bitcast(v.splat(word, lanes), 4 * lanes, 8)
-
+    act_quad = activation_quad(v, aqs, t, b, half)
     scaled = None
     for h in range(2):
         for first in (0, 4):  # quant words 8h + first .. + 3: groups 8h + 2j + first // 4
@@ -133,61 +111,23 @@ def _scaled_sum(v: VectorCode, record, scales, aqs, t, b, half: int | None):
 
 
 def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half: int | None):
-    """acc[a, lanes] takes the block's step for activation row t: all 16 lanes (half None), or the 8 of
-    a half (AVX2, each half done and stored before the other: q3_k_x16._emit_record_dots)."""
+    """acc[a, lanes of half] takes the block's step for activation row t (q3_k_x16.one_row_dots' emit)."""
     builder = v.builder
-    i64 = ir.IntType(64)
     lanes = TILE if half is None else TILE // 2
     floats = ir.VectorType(ir.FloatType(), lanes)
     scales, min_pairs = _record_codes(v, record, half)
     scaled = _scaled_sum(v, record, scales, aqs, t, b, half)
-    pair_row = v.row_pointer(pairs[0], pairs[1], t)
-    mins = None  # sum_g min_g * asum_g, from int16 pairs of both
-    for k in range(N_PAIRS):
-        group_pair = v.splat(builder.load(builder.gep(pair_row, [builder.add(builder.mul(b, i64(N_PAIRS)), i64(k))])), lanes)
-        if half is None:
-            mins = _dot_word_pairs_512(v, mins, min_pairs[k], group_pair)
-        else:
-            mins = v.add(mins, v.scale_pairs(v.bitcast(min_pairs[k], 16, 16), v.bitcast(group_pair, 16, 16)))
+    mins = paired_sums(v, pairs, t, b, min_pairs, half)  # sum_g min_g * asum_g
     d_vec, dmin_vec = _record_d_dmin(v, record, half)
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3), f"llvm.fma.v{lanes}f32")
     # q4_k.accumulate's float step, lane by lane (no fast-math flags: each operation rounded as written)
     mins_term = builder.fmul(dmin_vec, builder.sitofp(mins, floats), flags=("arcp",))
     step = builder.call(fma, [d_vec, builder.sitofp(scaled, floats), builder.fneg(mins_term, flags=("arcp",))])
     a_scale = v.splat(builder.load(builder.gep(v.row_pointer(ad[0], ad[1], t), [b])), lanes)
-    first = 0 if half is None else lanes * half
-    pointer = builder.bitcast(builder.gep(v.row_pointer(acc[0], acc[1], a), [i64(first)]), floats.as_pointer())
-    builder.store(builder.call(fma, [a_scale, step, builder.load(pointer, align=4)]), pointer, align=4)
+    float_step(v, acc, a, half, a_scale, step)
 
 
-@intrinsic
-def record_dots_1(typingctx, packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a):
-    """For activation row t and super-block b of the tile: acc[a] (16 floats, the tile's rows) takes
-    the block's step, as q2_k.vec_dot takes it for each row."""
-    sig = types.void(packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a)
-
-    def codegen(context, builder, signature, args):
-        packed_, n_blocks_, tile_, b_, aqs_, ad_, pairs_, acc_, t_, a_ = args
-        st = signature.args
-        v = VectorCode(context, builder)
-        t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
-        record = _record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-        _prefetch_ahead(v, record)
-        for half in ([0, 1] if narrow(v) else [None]):
-            _emit_record_dots(v, record, (st[4], aqs_), (st[5], ad_), (st[6], pairs_), (st[7], acc_), t_, a_, b_, half)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
-def unpacks_from(typingctx):
-    """UNPACK_ROWS, or NARROW_UNPACK_ROWS where this compile's products run as halves (narrow)."""
-
-    def codegen(context, builder, signature, args):
-        return ir.Constant(ir.IntType(64), NARROW_UNPACK_ROWS if narrow(VectorCode(context, builder)) else UNPACK_ROWS)
-
-    return types.int64(), codegen
+record_dots_1 = one_row_dots(_emit_record_dots, RECORD_BYTES)
 
 
 @intrinsic
@@ -202,7 +142,7 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, min_pairs, d, dm
         st = signature.args
         v = VectorCode(context, builder)
         i64 = ir.IntType(64)
-        record = _record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
+        record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
 
         def store(array_type, array, index, vec):
             pointer = builder.gep(v._data(array_type, array), [i64(index)])

@@ -81,12 +81,17 @@ def pack(weights: np.ndarray) -> np.ndarray:
     return packed
 
 
-def _word(v: VectorCode, record, w: int, half: int | None = None):
-    """Word w of the 16 rows' blocks: <64 x i8>, row i's four bytes at 4i; or, for half 0 or 1, the
-    rows 8 * half .. 8 * half + 7 only (<32 x i8>)."""
+def word_vector(v: VectorCode, record, at: int, half: int | None = None):
+    """The 16 rows' words at byte `at` of a record (row i's four bytes at at + 4i): <64 x i8>; or, for
+    half 0 or 1, the rows 8 * half .. 8 * half + 7 only (<32 x i8>)."""
     if half is None:
-        return v.load(None, record, ir.IntType(64)(WORDS_AT + 64 * w), 64)
-    return v.load(None, record, ir.IntType(64)(WORDS_AT + 64 * w + 32 * half), 32)
+        return v.load(None, record, ir.IntType(64)(at), 64)
+    return v.load(None, record, ir.IntType(64)(at + 32 * half), 32)
+
+
+def _word(v: VectorCode, record, w: int, half: int | None = None):
+    """Word w of the 16 rows' blocks (word_vector)."""
+    return word_vector(v, record, WORDS_AT + 64 * w, half)
 
 
 def _quad_bytes(v: VectorCode, quant_word, hmask_word, h: int, j: int):
@@ -108,6 +113,23 @@ def _record_quads(v: VectorCode, record):
     return quads
 
 
+def activation_quad(v: VectorCode, aqs, t, b, half: int | None):
+    """act_quad(position): the four bytes of activation row t (aqs: (type, int8[T, K] value)) at
+    `position` of super-block b, broadcast to 16 lanes (<64 x i8>), or 8 for a half (<32 x i8>)."""
+    builder = v.builder
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    act_row = v.row_pointer(aqs[0], aqs[1], t)
+    block_start = builder.mul(b, i64(256))
+    lanes = TILE if half is None else TILE // 2
+
+    def act_quad(position):
+        pointer = builder.gep(act_row, [builder.add(block_start, i64(position))])
+        word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
+        return v.bitcast(v.splat(word, lanes), 4 * lanes, 8)
+
+    return act_quad
+
+
 def _scaled_sums(v: VectorCode, record, scales, aqs, t, b, half: int | None):
     """<16 x i32> (or <8 x i32> for a half): lane i = sum_g scale_g * sum_{p in group g} u_p * a_p for
     row i of the tile and activation row t. Word by word: each quant word is loaded once and gives four
@@ -115,16 +137,7 @@ def _scaled_sums(v: VectorCode, record, scales, aqs, t, b, half: int | None):
     which reloads each word for four groups: 17.9 against 22.6 GB/s in cache, one Zen 4 thread; 13.1
     against 14.7 compiled for Haswell)."""
     builder = v.builder
-    i32, i64 = ir.IntType(32), ir.IntType(64)
-    act_row = v.row_pointer(aqs[0], aqs[1], t)
-    block_start = builder.mul(b, i64(256))
-    lanes = TILE if half is None else TILE // 2
-
-    def act_quad(position):  # the activation's four bytes at `position`, broadcast
-        pointer = builder.gep(act_row, [builder.add(block_start, i64(position))])
-        word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
-        return v.bitcast(v.splat(word, lanes), 4 * lanes, 8)
-
+    act_quad = activation_quad(v, aqs, t, b, half)
     scaled = None
     for h in range(2):
         for first in (0, 4):  # quant words 8h + first .. + 3: groups 8h + 2j + first // 4
@@ -163,64 +176,44 @@ def _record_d(v: VectorCode, record, half: int | None = None):
     return v.builder.fpext(halves, ir.VectorType(ir.FloatType(), lanes))
 
 
-def _prefetch_ahead(v: VectorCode, record):
+def prefetch_ahead(v: VectorCode, record, record_bytes: int):
     """Ask for every cache line of the record PREFETCH_RECORDS further on (the next tile's first records
     once b is near the end: the records of a run of tiles lie one after another)."""
-    for line in range(0, RECORD_BYTES, 64):
-        v.prefetch(None, record, ir.IntType(64)(line), PREFETCH_RECORDS * RECORD_BYTES)
+    for line in range(0, record_bytes, 64):
+        v.prefetch(None, record, ir.IntType(64)(line), PREFETCH_RECORDS * record_bytes)
 
 
-def _record_pointer(v: VectorCode, packed_type, packed, n_blocks, tile, b):
+def record_pointer(v: VectorCode, packed_type, packed, n_blocks, tile, b):
+    """The first byte of record tile * n_blocks + b."""
     builder = v.builder
     return v.row_pointer(packed_type, packed, builder.add(builder.mul(v.resize(tile, 64), v.resize(n_blocks, 64)), v.resize(b, 64)))
 
 
-def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half: int | None):
-    """acc[a, lanes] takes the block's step for activation row t: all 16 lanes (half None), or the 8 of
-    a half (AVX2: each half's arithmetic, float step and store done before the other half's, so that
-    LLVM cannot keep the activation's broadcasts from one half to the next, which spilled them)."""
-    builder = v.builder
-    i64 = ir.IntType(64)
-    lanes = TILE if half is None else TILE // 2
-    floats = ir.VectorType(ir.FloatType(), lanes)
-    scales, scale_pairs = _record_scales(v, record, half)
-    scaled = _scaled_sums(v, record, scales, aqs, t, b, half)
-    pair_row = v.row_pointer(pairs[0], pairs[1], t)
-    offsets = None  # sum_g scale_g * asum_g, from int16 pairs of both
-    for k in range(N_PAIRS):
-        group_pair = v.splat(builder.load(builder.gep(pair_row, [builder.add(builder.mul(b, i64(N_PAIRS)), i64(k))])), lanes)
-        if half is None:
-            offsets = _dot_word_pairs_512(v, offsets, scale_pairs[k], group_pair)
-        else:
-            offsets = v.add(offsets, v.scale_pairs(v.bitcast(scale_pairs[k], 16, 16), v.bitcast(group_pair, 16, 16)))
-    total = builder.sub(scaled, v.shl(offsets, 2))
-    a_scale = v.splat(builder.load(builder.gep(v.row_pointer(ad[0], ad[1], t), [b])), lanes)
-    # vec_dot's float step, lane by lane: the product ad * d rounded, then one fma
-    step_scale = builder.fmul(a_scale, _record_d(v, record, half), flags=("arcp",))
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3), f"llvm.fma.v{lanes}f32")
-    first = 0 if half is None else lanes * half
-    pointer = builder.bitcast(builder.gep(v.row_pointer(acc[0], acc[1], a), [i64(first)]), floats.as_pointer())
-    builder.store(builder.call(fma, [step_scale, builder.sitofp(total, floats), builder.load(pointer, align=4)]), pointer, align=4)
+def one_row_dots(emit, record_bytes: int):
+    """record_dots_1(packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a), an intrinsic: acc[a] (16
+    floats, the tile's rows) takes super-block b's step for activation row t, by emit(v, record, aqs, ad,
+    pairs, acc, t, a, b, half) (each a (type, value) pair but t, a, b): once for all 16 lanes (half
+    None), or on AVX2 (narrow) once per half of 8, each half done and stored before the other, so that
+    LLVM cannot keep the activation's broadcasts from one half to the next (which spilled them)."""
 
+    @intrinsic
+    def record_dots_1(typingctx, packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a):
+        sig = types.void(packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a)
 
-@intrinsic
-def record_dots_1(typingctx, packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a):
-    """For activation row t and super-block b of the tile: acc[a] (16 floats, the tile's rows) takes
-    the block's step, as q3_k.vec_dot takes it for each row."""
-    sig = types.void(packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a)
+        def codegen(context, builder, signature, args):
+            packed_, n_blocks_, tile_, b_, aqs_, ad_, pairs_, acc_, t_, a_ = args
+            st = signature.args
+            v = VectorCode(context, builder)
+            t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
+            record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
+            prefetch_ahead(v, record, record_bytes)
+            for half in ([0, 1] if narrow(v) else [None]):
+                emit(v, record, (st[4], aqs_), (st[5], ad_), (st[6], pairs_), (st[7], acc_), t_, a_, b_, half)
+            return context.get_dummy_value()
 
-    def codegen(context, builder, signature, args):
-        packed_, n_blocks_, tile_, b_, aqs_, ad_, pairs_, acc_, t_, a_ = args
-        st = signature.args
-        v = VectorCode(context, builder)
-        t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
-        record = _record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-        _prefetch_ahead(v, record)
-        for half in ([0, 1] if narrow(v) else [None]):
-            _emit_record_dots(v, record, (st[4], aqs_), (st[5], ad_), (st[6], pairs_), (st[7], acc_), t_, a_, b_, half)
-        return context.get_dummy_value()
+        return sig, codegen
 
-    return sig, codegen
+    return record_dots_1
 
 
 @intrinsic
@@ -231,6 +224,53 @@ def unpacks_from(typingctx):
         return ir.Constant(ir.IntType(64), NARROW_UNPACK_ROWS if narrow(VectorCode(context, builder)) else UNPACK_ROWS)
 
     return types.int64(), codegen
+
+
+def float_step(v: VectorCode, acc, a, half: int | None, scale, step):
+    """acc[a, the lanes of half] = fma(scale, step, acc[a, ...]): a float step on 16 or 8 lanes."""
+    builder = v.builder
+    floats = scale.type
+    lanes = floats.count
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3), f"llvm.fma.v{lanes}f32")
+    first = 0 if half is None else lanes * half
+    pointer = builder.bitcast(builder.gep(v.row_pointer(acc[0], acc[1], a), [ir.IntType(64)(first)]), floats.as_pointer())
+    builder.store(builder.call(fma, [scale, step, builder.load(pointer, align=4)]), pointer, align=4)
+
+
+def paired_sums(v: VectorCode, pairs, t, b, weight_pairs, half: int | None):
+    """<lanes x i32>: lane i = sum_g w_g(row i) * asum_g over the block's 16 groups, from the rows' int16
+    pairs (weight_pairs: 8 vectors of 16 or 8 lanes) and activation row t's pairs of 16-element sums
+    (pairs: (type, int32[T, nb * 8] value)): vpdpwssd, or vpmaddwd per half."""
+    builder = v.builder
+    i64 = ir.IntType(64)
+    lanes = TILE if half is None else TILE // 2
+    pair_row = v.row_pointer(pairs[0], pairs[1], t)
+    total = None
+    for k in range(N_PAIRS):
+        group_pair = v.splat(builder.load(builder.gep(pair_row, [builder.add(builder.mul(b, i64(N_PAIRS)), i64(k))])), lanes)
+        if half is None:
+            total = _dot_word_pairs_512(v, total, weight_pairs[k], group_pair)
+        else:
+            total = v.add(total, v.scale_pairs(v.bitcast(weight_pairs[k], 16, 16), v.bitcast(group_pair, 16, 16)))
+    return total
+
+
+def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half: int | None):
+    """acc[a, lanes of half] takes the block's step for activation row t (one_row_dots' emit)."""
+    builder = v.builder
+    lanes = TILE if half is None else TILE // 2
+    floats = ir.VectorType(ir.FloatType(), lanes)
+    scales, scale_pairs = _record_scales(v, record, half)
+    scaled = _scaled_sums(v, record, scales, aqs, t, b, half)
+    offsets = paired_sums(v, pairs, t, b, scale_pairs, half)  # sum_g scale_g * asum_g
+    total = builder.sub(scaled, v.shl(offsets, 2))
+    a_scale = v.splat(builder.load(builder.gep(v.row_pointer(ad[0], ad[1], t), [b])), lanes)
+    # vec_dot's float step, lane by lane: the product ad * d rounded, then one fma
+    step_scale = builder.fmul(a_scale, _record_d(v, record, half), flags=("arcp",))
+    float_step(v, acc, a, half, step_scale, builder.sitofp(total, floats))
+
+
+record_dots_1 = one_row_dots(_emit_record_dots, RECORD_BYTES)
 
 
 @intrinsic
@@ -245,7 +285,7 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, scales, scale_pa
         st = signature.args
         v = VectorCode(context, builder)
         i64 = ir.IntType(64)
-        record = _record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
+        record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
 
         def store(array_type, array, index, vec):
             pointer = builder.gep(v._data(array_type, array), [i64(index)])
