@@ -29,7 +29,6 @@ from .q2_k_tiles import N_PAIRS, tile_dots_1, tile_dots_4
 from .q3_k_x16 import NARROW_UNPACK_ROWS, UNPACK_ROWS, activation_quad, float_step, one_row_dots, paired_sums
 from .q3_k_x16 import record_pointer, unpacks_from, word_vector
 from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512
-from .q4_k_x16 import interleave
 from .q6_k_tiles import group_sum_pairs
 from .vector import VectorCode
 
@@ -41,8 +40,22 @@ _SCALE_WORDS, _QUANT_WORDS, _D_WORD = 0, 4, 20
 __all__ = ["NARROW_UNPACK_ROWS", "UNPACK_ROWS", "matvec_packed", "pack"]
 
 
+@exact_kernel(parallel=True)
+def interleave(weights, packed):
+    """weights uint32[N, nb * 21] (Q2_K rows as words) -> packed uint32[N // 16 * nb, 336]: record
+    tile * nb + b holds, at word 16 * w + i, word w of row 16 * tile + i's super-block b."""
+    n_blocks = weights.shape[1] // WORDS
+    for tile in prange(packed.shape[0] // max(n_blocks, 1)):
+        for b in range(n_blocks):
+            record = packed[tile * n_blocks + b]
+            for i in range(TILE):
+                row = weights[tile * TILE + i]
+                for w in range(WORDS):
+                    record[TILE * w + i] = row[b * WORDS + w]
+
+
 def pack(weights: np.ndarray) -> np.ndarray:
-    """uint8[N, nb * 84] Q2_K rows -> the records of their first N - N % 16 rows (q4_k_x16.interleave), as bytes."""
+    """uint8[N, nb * 84] Q2_K rows -> the records of their first N - N % 16 rows (interleave), as bytes."""
     n_tiles = weights.shape[0] // TILE
     n_blocks = weights.shape[1] // BLOCK_BYTES
     packed = np.empty((n_tiles * n_blocks, WORDS * TILE), dtype=np.uint32)

@@ -52,18 +52,16 @@ UNPACK_ROWS = 8
 
 @exact_kernel(parallel=True)
 def interleave(weights, packed):
-    """weights uint32[N, nb * W] (rows as words, W words a super-block: Q4_K's 36, q2_k_x16's Q2_K 21)
-    -> packed uint32[N // 16 * nb, 16 * W]: record tile * nb + b holds, at word 16 * s + i, word s of
-    row 16 * tile + i's super-block b."""
-    words = packed.shape[1] // TILE
-    n_blocks = weights.shape[1] // words
-    for tile in prange(packed.shape[0] // max(n_blocks, 1)):
+    """weights uint32[N, nb * 36] (Q4_K rows as words) -> packed uint32[N // 16 * nb, 576]: record
+    tile * nb + b holds, at word 16 * s + i, word s of row 16 * tile + i's super-block b."""
+    n_blocks = weights.shape[1] // WORDS
+    for tile in prange(packed.shape[0] // n_blocks):
         for b in range(n_blocks):
             record = packed[tile * n_blocks + b]
             for i in range(TILE):
                 row = weights[tile * TILE + i]
-                for s in range(words):
-                    record[TILE * s + i] = row[b * words + s]
+                for s in range(WORDS):
+                    record[TILE * s + i] = row[b * WORDS + s]
 
 
 def pack(weights: np.ndarray) -> np.ndarray:
