@@ -126,11 +126,14 @@ def activation_quads(v: VectorCode, aqs_type, aqs, t, b, rows: int):
     super-block b, broadcast to 16 lanes (<64 x i8>), for vpdpbusd against 16 weight rows."""
     builder = v.builder
     i32, i64 = ir.IntType(32), ir.IntType(64)
-    act_rows = [v.row_pointer(aqs_type, aqs, builder.add(t, i64(u))) for u in range(rows)]
+    # Each row's block start, then constant offsets from it: with each offset added to the block's start
+    # instead (gep(row, block_start + position)), LLVM made one induction variable per position, 64 of
+    # them, kept on the stack and reloaded for every quad (docs/performance.md, thirty-fourth session)
     block_start = builder.mul(b, i64(BLOCK))
+    act_blocks = [builder.gep(v.row_pointer(aqs_type, aqs, builder.add(t, i64(u))), [block_start]) for u in range(rows)]
 
     def act_quad(u, position):
-        pointer = builder.gep(act_rows[u], [builder.add(block_start, i64(position))])
+        pointer = builder.gep(act_blocks[u], [i64(position)])
         word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
         return v.bitcast(v.splat(word, 16), 64, 8)
 
