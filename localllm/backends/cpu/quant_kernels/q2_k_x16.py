@@ -26,9 +26,9 @@ from numba.extending import intrinsic
 from ....jit import exact_kernel
 from ....quant.q2_k import BLOCK_BYTES, N_GROUPS
 from .q2_k_tiles import N_PAIRS, tile_dots_1, tile_dots_4
-from .q3_k_x16 import NARROW_UNPACK_ROWS, UNPACK_ROWS, activation_quad, float_step, one_row_dots, paired_sums
-from .q3_k_x16 import record_pointer, unpacks_from, word_vector
-from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512
+from .q3_k_x16 import NARROW_UNPACK_ROWS, UNPACK_ROWS, float_step, one_row_dots, paired_sums, record_pointer, scaled_sums
+from .q3_k_x16 import unpacks_from, word_vector
+from .q4_k_tiles import CHUNK, ROWS, TILE
 from .q6_k_tiles import group_sum_pairs
 from .vector import VectorCode
 
@@ -89,25 +89,14 @@ def _record_d_dmin(v: VectorCode, record, half: int | None = None):
     return d, dmin
 
 
-def _scaled_sum(v: VectorCode, record, scales, aqs, t, b, half: int | None):
-    """<lanes x i32>: lane i = sum_g scale_g * sum_{p in group g} q_p * a_p for row i of the tile and
-    activation row t; word by word, each quant word giving four quads (j = 0..3) of four groups
-    (q3_k_x16._scaled_sums' order)."""
-    builder = v.builder
-    act_quad = activation_quad(v, aqs, t, b, half)
-    scaled = None
-    for h in range(2):
-        for first in (0, 4):  # quant words 8h + first .. + 3: groups 8h + 2j + first // 4
-            sums = [None] * 4
-            for s8 in range(first, first + 4):
-                quant_word = _word(v, record, _QUANT_WORDS + 8 * h + s8, half)
-                for j in range(4):
-                    q_bytes = v.and_(v.shr(quant_word, 2 * j), 3)
-                    act = act_quad(128 * h + 32 * j + 4 * s8)
-                    sums[j] = _dot_quads_512(v, sums[j], q_bytes, act) if half is None else v.dot_quads(q_bytes, act, sums[j])
-            for j in range(4):
-                scaled = v.add(scaled, builder.mul(sums[j], scales[8 * h + 2 * j + first // 4]))
-    return scaled
+def _word_quads(v: VectorCode, record, half: int | None):
+    """q3_k_x16.scaled_sums' word_quads for Q2_K: the quant word's 2-bit quads as they are."""
+
+    def word_quads(h: int, s8: int):
+        quant_word = _word(v, record, _QUANT_WORDS + 8 * h + s8, half)
+        return lambda j: v.and_(v.shr(quant_word, 2 * j), 3)
+
+    return word_quads
 
 
 def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half: int | None):
@@ -116,7 +105,7 @@ def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half:
     lanes = TILE if half is None else TILE // 2
     floats = ir.VectorType(ir.FloatType(), lanes)
     scales, min_pairs = _record_codes(v, record, half)
-    scaled = _scaled_sum(v, record, scales, aqs, t, b, half)
+    scaled = scaled_sums(v, _word_quads(v, record, half), scales, aqs, t, b, half)  # sum_g scale_g * sum q * a
     mins = paired_sums(v, pairs, t, b, min_pairs, half)  # sum_g min_g * asum_g
     d_vec, dmin_vec = _record_d_dmin(v, record, half)
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(floats, [floats] * 3), f"llvm.fma.v{lanes}f32")

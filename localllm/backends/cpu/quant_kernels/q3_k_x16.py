@@ -118,24 +118,26 @@ def activation_quad(v: VectorCode, aqs, t, b, half: int | None):
     `position` of super-block b, broadcast to 16 lanes (<64 x i8>), or 8 for a half (<32 x i8>)."""
     builder = v.builder
     i32, i64 = ir.IntType(32), ir.IntType(64)
-    act_row = v.row_pointer(aqs[0], aqs[1], t)
-    block_start = builder.mul(b, i64(256))
+    # the block's first byte, then constant offsets from it (an offset added to the block's start
+    # instead became one induction variable per position, spilled: q4_k_tiles.activation_quads)
+    act_block = builder.gep(v.row_pointer(aqs[0], aqs[1], t), [builder.mul(b, i64(256))])
     lanes = TILE if half is None else TILE // 2
 
     def act_quad(position):
-        pointer = builder.gep(act_row, [builder.add(block_start, i64(position))])
+        pointer = builder.gep(act_block, [i64(position)])
         word = builder.load(builder.bitcast(pointer, i32.as_pointer()), align=1)
         return v.bitcast(v.splat(word, lanes), 4 * lanes, 8)
 
     return act_quad
 
 
-def _scaled_sums(v: VectorCode, record, scales, aqs, t, b, half: int | None):
+def scaled_sums(v: VectorCode, word_quads, scales, aqs, t, b, half: int | None):
     """<16 x i32> (or <8 x i32> for a half): lane i = sum_g scale_g * sum_{p in group g} u_p * a_p for
-    row i of the tile and activation row t. Word by word: each quant word is loaded once and gives four
-    quads (j = 0..3), one of each of four groups, whose sums are kept side by side (group by group,
-    which reloads each word for four groups: 17.9 against 22.6 GB/s in cache, one Zen 4 thread; 13.1
-    against 14.7 compiled for Haswell)."""
+    row i of the tile and activation row t, where word_quads(h, s8) loads what quant word 8h + s8 needs
+    and returns quad(j): the rows' bytes at elements 128h + 32j + 4 * s8..+3 (group 8h + 2j + s8 // 4).
+    Word by word: each quant word is loaded once and gives four quads (j = 0..3), one of each of four
+    groups, whose sums are kept side by side (group by group, which reloads each word for four groups:
+    17.9 against 22.6 GB/s in cache, one Zen 4 thread; 13.1 against 14.7 compiled for Haswell)."""
     builder = v.builder
     act_quad = activation_quad(v, aqs, t, b, half)
     scaled = None
@@ -143,15 +145,25 @@ def _scaled_sums(v: VectorCode, record, scales, aqs, t, b, half: int | None):
         for first in (0, 4):  # quant words 8h + first .. + 3: groups 8h + 2j + first // 4
             sums = [None] * 4
             for s8 in range(first, first + 4):
-                quant_word = _word(v, record, _QUANT_WORDS + 8 * h + s8, half)
-                hmask_word = _word(v, record, _HMASK_WORDS + s8, half)
+                quad = word_quads(h, s8)
                 for j in range(4):
-                    u_bytes = _quad_bytes(v, quant_word, hmask_word, h, j)
+                    u_bytes = quad(j)
                     act = act_quad(128 * h + 32 * j + 4 * s8)
                     sums[j] = _dot_quads_512(v, sums[j], u_bytes, act) if half is None else v.dot_quads(u_bytes, act, sums[j])
             for j in range(4):
                 scaled = v.add(scaled, builder.mul(sums[j], scales[8 * h + 2 * j + first // 4]))
     return scaled
+
+
+def _word_quads(v: VectorCode, record, half: int | None):
+    """scaled_sums' word_quads for Q3_K: the quant word and its hmask word, u = q + 4 (_quad_bytes)."""
+
+    def word_quads(h: int, s8: int):
+        quant_word = _word(v, record, _QUANT_WORDS + 8 * h + s8, half)
+        hmask_word = _word(v, record, _HMASK_WORDS + s8, half)
+        return lambda j: _quad_bytes(v, quant_word, hmask_word, h, j)
+
+    return word_quads
 
 
 def _record_scales(v: VectorCode, record, half: int | None = None):
@@ -261,7 +273,7 @@ def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half:
     lanes = TILE if half is None else TILE // 2
     floats = ir.VectorType(ir.FloatType(), lanes)
     scales, scale_pairs = _record_scales(v, record, half)
-    scaled = _scaled_sums(v, record, scales, aqs, t, b, half)
+    scaled = scaled_sums(v, _word_quads(v, record, half), scales, aqs, t, b, half)
     offsets = paired_sums(v, pairs, t, b, scale_pairs, half)  # sum_g scale_g * asum_g
     total = builder.sub(scaled, v.shl(offsets, 2))
     a_scale = v.splat(builder.load(builder.gep(v.row_pointer(ad[0], ad[1], t), [b])), lanes)
