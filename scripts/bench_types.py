@@ -5,6 +5,7 @@ llama-quantize's type names, then `llama-bench` and `localllm bench` on each fil
     python scripts/bench_types.py --llama-bench PATH                       # Gemma 3 270M, every type
     python scripts/bench_types.py --llama-bench PATH --types Q4_0,Q2_K --rounds 3
     python scripts/bench_types.py --llama-bench PATH --model 8b -p 128 -n 32   # Q4_0, Q8_0, Q3_K_M
+    python scripts/bench_types.py --llama-bench PATH --model 8b --types Q5_K_M,IQ4_XS -p 128 -n 32   # any type
     python scripts/bench_types.py --llama-bench PATH --model 8b --prepare       # only make the files
     python scripts/bench_types.py --llama-bench PATH --llama-load-mode none     # against llama.cpp's --no-mmap
     python scripts/bench_types.py --pool A.json B.json                         # the rounds of two --json runs together

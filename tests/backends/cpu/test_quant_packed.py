@@ -1,5 +1,5 @@
-"""Q4_K, Q3_K and Q2_K rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py, q3_k_x16.py, q2_k_x16.py,
-backends/cpu/matmul.PackedWeights): the layout
+"""Q4_K, Q3_K, Q2_K and IQ4_XS rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py, q3_k_x16.py,
+q2_k_x16.py, iq4_xs_x16.py, backends/cpu/matmul.PackedWeights): the layout
 against a NumPy statement of it, the lane kernel against the one-row vec_dot bit for bit at every batch
 size (decode's one row included) and on every VectorCode instruction-set path, the backend's choice of
 layout, and the release of the mapped pages the re-laid rows came from."""
@@ -21,14 +21,15 @@ from localllm.backends.cpu import CPUBackend
 from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScratch, PackedWeights, packed_available
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.backends.cpu.quant_kernels import kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, vector
+from localllm.backends.cpu.quant_kernels import iq4_xs_x16, kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, vector
 
-MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16}  # the K-quants with a packed layout (their kernel record's `packed`)
+MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16, "IQ4_XS": iq4_xs_x16}  # the 256-element types with a packed layout (their kernel record's `packed`)
 # Bytes of a block whose largest values give the largest products in pairs (a row's block[WIDEST] all
 # 0xFF): Q4_K's quants (nibbles 15: on AVX2 vpmaddubsw saturates past 32767, so the kernel must not feed
 # it 16 x a high nibble), Q3_K's hmask and quants (every u = q + 4 at 7), Q2_K's scale codes and quants
-# (scales and mins 15, quants 3).
-WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96), "Q2_K": slice(0, 80)}
+# (scales and mins 15, quants 3), IQ4_XS's scales and indices (scales 31, every value KVALUES[15] = 113:
+# 241 unsigned, whose pairs saturate vpmaddubsw).
+WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96), "Q2_K": slice(0, 80), "IQ4_XS": slice(2, 136)}
 TYPES = sorted(MODULES)
 TESTED_ELSEWHERE = {"Q4_0": q4_0_x16}  # test_quant_tiles_legacy.py
 
@@ -56,6 +57,14 @@ def test_q2_k_pack_puts_word_w_of_row_i_at_16w_plus_i():
     packed = q2_k_x16.pack(raw)
     words = raw[:32].view(np.uint32).reshape(2, 16, 2, 21)  # [tile, row i, block b, word w]
     np.testing.assert_array_equal(packed.view(np.uint32), words.transpose(0, 2, 3, 1).reshape(4, 336))
+
+
+def test_iq4_xs_pack_puts_word_w_of_row_i_at_16w_plus_i():
+    rng = np.random.default_rng(4)
+    raw = _weights("IQ4_XS", rng, 34, 512)  # two tiles, 2 rows left out
+    packed = iq4_xs_x16.pack(raw)
+    words = raw[:32].view(np.uint32).reshape(2, 16, 2, 34)  # [tile, row i, block b, word w]
+    np.testing.assert_array_equal(packed.view(np.uint32), words.transpose(0, 2, 3, 1).reshape(4, 544))
 
 
 def test_q3_k_pack_puts_d_first_then_word_w_of_row_i_at_16w_plus_i():
@@ -158,7 +167,7 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
         vector.VECTOR_ISA = saved
 
 
-@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "IQ4_XS", "Q6_K", "Q8_0"])
 def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_same_results(qtype):
     rng = np.random.default_rng(9)
     raw = _weights(qtype, rng, 32, 512) if qtype != "Q8_0" else quant.get(qtype).quantize(rng.normal(0, 0.05, (32, 512)).astype(np.float32)).reshape(32, -1)

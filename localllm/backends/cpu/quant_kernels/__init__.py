@@ -285,10 +285,11 @@ def _iq4_nl() -> KernelRecord:
 
 
 def _iq4_xs() -> KernelRecord:
-    from . import iq4_tiles, iq4_xs
+    from . import iq4_tiles, iq4_xs, iq4_xs_x16
 
     tiles = TileKernel(iq4_tiles.matvec_tiles_xs, iq4_tiles.MIN_ROWS, iq4_tiles.NARROW_MIN_ROWS)
-    return KernelRecord(quant.get("IQ4_XS"), iq4_xs.vec_dot, iq4_xs.dequantize_row, tiles=tiles)
+    packed = PackedKernel(iq4_xs_x16.pack, iq4_xs_x16.matvec_packed)
+    return KernelRecord(quant.get("IQ4_XS"), iq4_xs.vec_dot, iq4_xs.dequantize_row, tiles=tiles, packed=packed)
 
 
 def _mxfp4() -> KernelRecord:
