@@ -296,8 +296,12 @@ class PackedWeights:
     @staticmethod
     def suits(qt: QuantType, weights: np.ndarray) -> bool:
         """Whether a weight gains from the layout: a type with a packed kernel, on a target where the
-        lane kernels are fast (packed_available), with at least one tile of rows."""
-        return kernel_record(qt).packed is not None and weights.ndim == 2 and weights.shape[0] >= TILE and packed_available()
+        lane kernels are fast (packed_available; AVX2 only for the kernels marked `narrow`), with at
+        least one tile of rows."""
+        packed = kernel_record(qt).packed
+        if packed is None or weights.ndim != 2 or weights.shape[0] < TILE:
+            return False
+        return _tiles_available() or (packed.narrow and _narrow_tiles_available())
 
     def matmul(self, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch, threads: int) -> None:
         """out[T, N] = x[T, K] @ W.T, each row as the one-row kernel computes it; `threads`: Numba's

@@ -1,5 +1,5 @@
-"""Q4_K, Q3_K, Q2_K and IQ4_XS rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py, q3_k_x16.py,
-q2_k_x16.py, iq4_xs_x16.py, backends/cpu/matmul.PackedWeights): the layout
+"""Q4_K, Q5_K, Q3_K, Q2_K and IQ4_XS rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py,
+q5_k_x16.py, q3_k_x16.py, q2_k_x16.py, iq4_xs_x16.py, backends/cpu/matmul.PackedWeights): the layout
 against a NumPy statement of it, the lane kernel against the one-row vec_dot bit for bit at every batch
 size (decode's one row included) and on every VectorCode instruction-set path, the backend's choice of
 layout, and the release of the mapped pages the re-laid rows came from."""
@@ -19,17 +19,18 @@ from localllm import quant
 from localllm.backends.base import Weight
 from localllm.backends.cpu import CPUBackend
 from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScratch, PackedWeights, packed_available
+from localllm.backends.cpu.quant_kernels.q4_k_tiles import available as tiles_available
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.backends.cpu.quant_kernels import iq4_xs_x16, kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, vector
+from localllm.backends.cpu.quant_kernels import iq4_xs_x16, kernel_record, kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, q5_k_x16, vector
 
-MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16, "IQ4_XS": iq4_xs_x16}  # the 256-element types with a packed layout (their kernel record's `packed`)
+MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16, "Q5_K": q5_k_x16, "IQ4_XS": iq4_xs_x16}  # the 256-element types with a packed layout (their kernel record's `packed`)
 # Bytes of a block whose largest values give the largest products in pairs (a row's block[WIDEST] all
 # 0xFF): Q4_K's quants (nibbles 15: on AVX2 vpmaddubsw saturates past 32767, so the kernel must not feed
 # it 16 x a high nibble), Q3_K's hmask and quants (every u = q + 4 at 7), Q2_K's scale codes and quants
-# (scales and mins 15, quants 3), IQ4_XS's scales and indices (scales 31, every value KVALUES[15] = 113:
-# 241 unsigned, whose pairs saturate vpmaddubsw).
-WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96), "Q2_K": slice(0, 80), "IQ4_XS": slice(2, 136)}
+# (scales and mins 15, quants 3), Q5_K's fifth bits and nibbles (every value 31), IQ4_XS's scales and
+# indices (scales 31, every value KVALUES[15] = 113: 241 unsigned, whose pairs saturate vpmaddubsw).
+WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96), "Q2_K": slice(0, 80), "Q5_K": slice(16, 176), "IQ4_XS": slice(2, 136)}
 TYPES = sorted(MODULES)
 TESTED_ELSEWHERE = {"Q4_0": q4_0_x16}  # test_quant_tiles_legacy.py
 
@@ -57,6 +58,14 @@ def test_q2_k_pack_puts_word_w_of_row_i_at_16w_plus_i():
     packed = q2_k_x16.pack(raw)
     words = raw[:32].view(np.uint32).reshape(2, 16, 2, 21)  # [tile, row i, block b, word w]
     np.testing.assert_array_equal(packed.view(np.uint32), words.transpose(0, 2, 3, 1).reshape(4, 336))
+
+
+def test_q5_k_pack_puts_word_w_of_row_i_at_16w_plus_i():
+    rng = np.random.default_rng(5)
+    raw = _weights("Q5_K", rng, 39, 512)  # two tiles, 7 rows left out
+    packed = q5_k_x16.pack(raw)
+    words = raw[:32].view(np.uint32).reshape(2, 16, 2, 44)  # [tile, row i, block b, word w]
+    np.testing.assert_array_equal(packed, words.transpose(0, 2, 3, 1).reshape(4, 704))
 
 
 def test_iq4_xs_pack_puts_word_w_of_row_i_at_16w_plus_i():
@@ -167,7 +176,7 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
         vector.VECTOR_ISA = saved
 
 
-@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "IQ4_XS", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "IQ4_XS", "Q6_K", "Q8_0"])
 def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_same_results(qtype):
     rng = np.random.default_rng(9)
     raw = _weights(qtype, rng, 32, 512) if qtype != "Q8_0" else quant.get(qtype).quantize(rng.normal(0, 0.05, (32, 512)).astype(np.float32)).reshape(32, -1)
@@ -181,7 +190,8 @@ def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_
             backend.matmul(weight, x, out)
             results.setdefault(n_rows, []).append(bits(out))
         repacked = isinstance(backend._layout_of(weight), PackedWeights)
-        assert repacked == (repack and qtype in MODULES and packed_available())
+        wide_only = qtype in MODULES and not kernel_record(qtype).packed.narrow  # AVX-512 VNNI only
+        assert repacked == (repack and qtype in MODULES and (tiles_available() if wide_only else packed_available()))
     for n_rows, (plain, packed) in results.items():
         np.testing.assert_array_equal(plain, packed, err_msg=f"{qtype} T={n_rows}")
 

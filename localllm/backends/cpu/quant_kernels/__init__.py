@@ -103,6 +103,7 @@ class PackedKernel:
     pack: Callable
     matvec: Callable
     grouped: Optional[Callable] = None
+    narrow: bool = True  # also on AVX2 targets (each product as two 256-bit halves), not only AVX-512 VNNI
 
 
 @dataclass(frozen=True)
@@ -253,11 +254,14 @@ def _q4_k() -> KernelRecord:
 
 def _q5_k() -> KernelRecord:
     from . import kquant_rows as r
-    from . import q5_k, q5_k_tiles
+    from . import q5_k, q5_k_tiles, q5_k_x16
 
     rows = RowKernels(r.q5_k_pack, r.q5_k_rows_2, r.q5_k_rows_4, r.q5_k_rows_8, r.q5_k_rows_16)
     tiles = TileKernel(q5_k_tiles.matvec_tiles, q5_k_tiles.MIN_ROWS, q5_k_tiles.NARROW_MIN_ROWS)
-    return KernelRecord(quant.get("Q5_K"), q5_k.vec_dot, q5_k.dequantize_row, rows=rows, tiles=tiles)
+    # AVX-512 VNNI only: compiled for Haswell its decode read 7-8 GB/s a thread from memory (in cache 20-25,
+    # the row kernel 16.5 either way; docs/performance.md, thirty-fourth session)
+    packed = PackedKernel(q5_k_x16.pack, q5_k_x16.matvec_packed, narrow=False)
+    return KernelRecord(quant.get("Q5_K"), q5_k.vec_dot, q5_k.dequantize_row, rows=rows, tiles=tiles, packed=packed)
 
 
 def _q6_k() -> KernelRecord:

@@ -73,7 +73,7 @@ def pack(weights: np.ndarray) -> np.ndarray:
     return packed
 
 
-def _unpacked_codes(v: VectorCode, record):
+def unpacked_codes(v: VectorCode, record):
     """The record's scales and mins on 16 lanes: ([scale_k as <16 x i32> for k < 8], [mins of
     sub-blocks 2k and 2k + 1 as the low and high int16 of each lane, for k < 4]): ggml's kmask
     unpacking (q4_k.scale_min_words) applied to each lane's three words."""
@@ -112,7 +112,7 @@ def _record_dots(rows: int):
             f32x16 = ir.VectorType(ir.FloatType(), 16)
             t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
             record = v.row_pointer(st[0], packed_, builder.add(builder.mul(v.resize(tile_, 64), v.resize(n_blocks_, 64)), b_))
-            scales, min_pairs = _unpacked_codes(v, record)
+            scales, min_pairs = unpacked_codes(v, record)
             act_quad = activation_quads(v, st[4], aqs_, t_, b_, rows)
             scaled = [None] * rows
             for c in range(4):  # 32 quant bytes per row: sub-blocks 2c (low nibbles) and 2c + 1 (high)
@@ -170,7 +170,7 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, scales, mins, d,
                 quads = v.bitcast(v.load(None, record, i64(TILE * (_QUANT_WORDS + 8 * c + q)), TILE), 64, 8)
                 store(st[4], quants_, 64 * (16 * c + q), v.and_(quads, 0x0F))  # sub-block 2c: positions 64c + 4q..
                 store(st[4], quants_, 64 * (16 * c + 8 + q), v.and_(v.shr(quads, 4), 0x0F))  # 2c + 1: 64c + 32 + 4q..
-        scale_vectors, min_pairs = _unpacked_codes(v, record)
+        scale_vectors, min_pairs = unpacked_codes(v, record)
         for k in range(8):
             store(st[5], scales_, TILE * k, scale_vectors[k])
         for k in range(4):
