@@ -9,7 +9,8 @@ in its high ones; their fifth bits are bits 2c and 2c + 1 of qh word 4 + q. The 
 vpdpbusd against the broadcast activation quads, and the scales, mins and float step are q4_k_x16's
 (Q5_K's vec_dot is Q4_K's accumulate): every output equals q5_k.vec_dot's bit for bit, at every number
 of activation rows. From UNPACK_ROWS activation rows each record is unpacked once into q4_k_tiles'
-scratch (no transpose) for its tile_dots, as q5_k_tiles' transposed tiles are.
+scratch (no transpose) for its tile_dots, as q5_k_tiles' transposed tiles are. Used on AVX-512 VNNI
+targets only (its PackedKernel's narrow is False: the kernel record says why).
 """
 
 from __future__ import annotations
