@@ -29,6 +29,7 @@ from ....jit import exact_kernel
 from ....quant.iq4_xs import BLOCK_BYTES, N_SUB
 from . import iq4_tiles
 from .iq4_tiles import SIGNED_TABLE, UNSIGNED_TABLE, _offsets, tile_dots_xs_1, tile_dots_xs_4
+from .q2_k_tiles import store_vector
 from .q3_k_x16 import record_pointer
 from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512, activation_quads, fma_into_row, narrow, sub_block_sum_pairs
 from .vector import VectorCode
@@ -142,24 +143,19 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, values, scales, scale_pa
         packed_, n_blocks_, tile_, b_, values_, scales_, pairs_, d_ = args
         st = signature.args
         v = VectorCode(context, builder)
-        i64 = ir.IntType(64)
         record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-
-        def store(array_type, array, index, vec):
-            pointer = builder.gep(v._data(array_type, array), [i64(index)])
-            builder.store(vec, builder.bitcast(pointer, vec.type.as_pointer()), align=1)
 
         for k in range(N_SUB):
             for s in range(4):
                 low, high = _index_values(v, record, k, s)
-                store(st[4], values_, 64 * (8 * k + s), low)  # positions 32k + 4s..: quad 8k + s
-                store(st[4], values_, 64 * (8 * k + 4 + s), high)  # 32k + 16 + 4s..
+                store_vector(v, st[4], values_, 64 * (8 * k + s), low)  # positions 32k + 4s..: quad 8k + s
+                store_vector(v, st[4], values_, 64 * (8 * k + 4 + s), high)  # 32k + 16 + 4s..
         scale_vectors, scale_pairs, d_vec = _record_codes(v, record)
         for k in range(N_SUB):
-            store(st[5], scales_, TILE * k, scale_vectors[k])
+            store_vector(v, st[5], scales_, TILE * k, scale_vectors[k])
         for k in range(N_SUB // 2):
-            store(st[6], pairs_, TILE * k, scale_pairs[k])
-        store(st[7], d_, 0, d_vec)
+            store_vector(v, st[6], pairs_, TILE * k, scale_pairs[k])
+        store_vector(v, st[7], d_, 0, d_vec)
         return context.get_dummy_value()
 
     return sig, codegen

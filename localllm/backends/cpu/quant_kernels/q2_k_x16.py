@@ -25,7 +25,7 @@ from numba.extending import intrinsic
 
 from ....jit import exact_kernel
 from ....quant.q2_k import BLOCK_BYTES, N_GROUPS
-from .q2_k_tiles import N_PAIRS, tile_dots_1, tile_dots_4
+from .q2_k_tiles import N_PAIRS, store_vector, tile_dots_1, tile_dots_4
 from .q3_k_x16 import NARROW_UNPACK_ROWS, UNPACK_ROWS, float_step, one_row_dots, paired_sums, record_pointer, scaled_sums
 from .q3_k_x16 import unpacks_from, word_vector
 from .q4_k_tiles import CHUNK, ROWS, TILE
@@ -130,12 +130,7 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, min_pairs, d, dm
         packed_, n_blocks_, tile_, b_, quants_, pairs_, d_, dmin_ = args
         st = signature.args
         v = VectorCode(context, builder)
-        i64 = ir.IntType(64)
         record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-
-        def store(array_type, array, index, vec):
-            pointer = builder.gep(v._data(array_type, array), [i64(index)])
-            builder.store(vec, builder.bitcast(pointer, vec.type.as_pointer()), align=1)
 
         scales, min_pairs = _record_codes(v, record)
         for s in range(16):
@@ -144,12 +139,12 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, min_pairs, d, dm
             for j in range(4):
                 q = v.bitcast(v.and_(v.shr(quant_word, 2 * j), 3), TILE, 32)
                 quad = 32 * h + 8 * j + s8  # elements 4 * quad .. : group quad // 4
-                store(st[4], quants_, 64 * quad, v.bitcast(builder.mul(q, scales[quad // 4]), 64, 8))
+                store_vector(v, st[4], quants_, 64 * quad, v.bitcast(builder.mul(q, scales[quad // 4]), 64, 8))
         for k in range(N_PAIRS):
-            store(st[5], pairs_, TILE * k, min_pairs[k])
+            store_vector(v, st[5], pairs_, TILE * k, min_pairs[k])
         d_vec, dmin_vec = _record_d_dmin(v, record)
-        store(st[6], d_, 0, d_vec)
-        store(st[7], dmin_, 0, dmin_vec)
+        store_vector(v, st[6], d_, 0, d_vec)
+        store_vector(v, st[7], dmin_, 0, dmin_vec)
         return context.get_dummy_value()
 
     return sig, codegen

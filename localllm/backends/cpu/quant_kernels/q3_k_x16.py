@@ -32,7 +32,7 @@ from numba.extending import intrinsic
 
 from ....jit import exact_kernel
 from ....quant.q3_k import BLOCK_BYTES, N_GROUPS
-from .q2_k_tiles import N_PAIRS
+from .q2_k_tiles import N_PAIRS, store_vector
 from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512, _dot_word_pairs_512, narrow
 from .q3_k_tiles import tile_dots_1, tile_dots_4
 from .q6_k_tiles import group_sum_pairs
@@ -296,22 +296,17 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, scales, scale_pa
         packed_, n_blocks_, tile_, b_, quants_, scales_, pairs_, d_ = args
         st = signature.args
         v = VectorCode(context, builder)
-        i64 = ir.IntType(64)
         record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-
-        def store(array_type, array, index, vec):
-            pointer = builder.gep(v._data(array_type, array), [i64(index)])
-            builder.store(vec, builder.bitcast(pointer, vec.type.as_pointer()), align=1)
 
         quads = _record_quads(v, record)
         for q in range(64):
-            store(st[4], quants_, 64 * q, quads(q))
+            store_vector(v, st[4], quants_, 64 * q, quads(q))
         scale_vectors, scale_pairs = _record_scales(v, record)
         for g in range(N_GROUPS):
-            store(st[5], scales_, TILE * g, scale_vectors[g])
+            store_vector(v, st[5], scales_, TILE * g, scale_vectors[g])
         for k in range(N_PAIRS):
-            store(st[6], pairs_, TILE * k, scale_pairs[k])
-        store(st[7], d_, 0, _record_d(v, record))
+            store_vector(v, st[6], pairs_, TILE * k, scale_pairs[k])
+        store_vector(v, st[7], d_, 0, _record_d(v, record))
         return context.get_dummy_value()
 
     return sig, codegen

@@ -34,6 +34,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel
+from .q2_k_tiles import store_vector
 from .q4_k import BLOCK_BYTES
 from .q4_k_tiles import CHUNK, TILE, _dot_quads_512, activation_quads, float_steps, narrow, sub_block_sum_pairs
 from .q4_k_tiles import tile_dots_1, tile_dots_4
@@ -161,23 +162,19 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, scales, mins, d,
         f32x16 = ir.VectorType(ir.FloatType(), 16)
         record = v.row_pointer(st[0], packed_, builder.add(builder.mul(v.resize(tile_, 64), v.resize(n_blocks_, 64)), v.resize(b_, 64)))
 
-        def store(array_type, array, index, vec):
-            pointer = builder.gep(v._data(array_type, array), [i64(index)])
-            builder.store(vec, builder.bitcast(pointer, vec.type.as_pointer()), align=1)
-
         for c in range(4):
             for q in range(8):
                 quads = v.bitcast(v.load(None, record, i64(TILE * (_QUANT_WORDS + 8 * c + q)), TILE), 64, 8)
-                store(st[4], quants_, 64 * (16 * c + q), v.and_(quads, 0x0F))  # sub-block 2c: positions 64c + 4q..
-                store(st[4], quants_, 64 * (16 * c + 8 + q), v.and_(v.shr(quads, 4), 0x0F))  # 2c + 1: 64c + 32 + 4q..
+                store_vector(v, st[4], quants_, 64 * (16 * c + q), v.and_(quads, 0x0F))  # sub-block 2c: positions 64c + 4q..
+                store_vector(v, st[4], quants_, 64 * (16 * c + 8 + q), v.and_(v.shr(quads, 4), 0x0F))  # 2c + 1: 64c + 32 + 4q..
         scale_vectors, min_pairs = unpacked_codes(v, record)
         for k in range(8):
-            store(st[5], scales_, TILE * k, scale_vectors[k])
+            store_vector(v, st[5], scales_, TILE * k, scale_vectors[k])
         for k in range(4):
-            store(st[6], mins_, TILE * k, min_pairs[k])
+            store_vector(v, st[6], mins_, TILE * k, min_pairs[k])
         halves = builder.bitcast(v.load(None, record, i64(0), TILE), ir.VectorType(ir.HalfType(), 2 * TILE))
-        store(st[7], d_, 0, builder.fpext(v.shuffle(halves, range(0, 2 * TILE, 2)), f32x16))
-        store(st[8], dmin_, 0, builder.fpext(v.shuffle(halves, range(1, 2 * TILE, 2)), f32x16))
+        store_vector(v, st[7], d_, 0, builder.fpext(v.shuffle(halves, range(0, 2 * TILE, 2)), f32x16))
+        store_vector(v, st[8], dmin_, 0, builder.fpext(v.shuffle(halves, range(1, 2 * TILE, 2)), f32x16))
         return context.get_dummy_value()
 
     return sig, codegen

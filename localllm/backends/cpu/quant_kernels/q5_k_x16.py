@@ -22,6 +22,7 @@ from numba.extending import intrinsic
 
 from ....jit import exact_kernel
 from ....quant.q5_k import BLOCK_BYTES
+from .q2_k_tiles import store_vector
 from .q3_k_x16 import record_pointer
 from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512, activation_quads, float_steps, sub_block_sum_pairs
 from .q4_k_tiles import tile_dots_1, tile_dots_4
@@ -131,26 +132,21 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, scales, mins, d,
         packed_, n_blocks_, tile_, b_, quants_, scales_, mins_, d_, dmin_ = args
         st = signature.args
         v = VectorCode(context, builder)
-        i64 = ir.IntType(64)
         record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-
-        def store(array_type, array, index, vec):
-            pointer = builder.gep(v._data(array_type, array), [i64(index)])
-            builder.store(vec, builder.bitcast(pointer, vec.type.as_pointer()), align=1)
 
         for c in range(4):
             for q in range(8):
                 low, high = _chunk_values(v, record, c, q)
-                store(st[4], quants_, 64 * (16 * c + q), low)  # sub-block 2c: positions 64c + 4q..
-                store(st[4], quants_, 64 * (16 * c + 8 + q), high)  # 2c + 1: 64c + 32 + 4q..
+                store_vector(v, st[4], quants_, 64 * (16 * c + q), low)  # sub-block 2c: positions 64c + 4q..
+                store_vector(v, st[4], quants_, 64 * (16 * c + 8 + q), high)  # 2c + 1: 64c + 32 + 4q..
         scale_vectors, min_pairs = unpacked_codes(v, record)
         for k in range(8):
-            store(st[5], scales_, TILE * k, scale_vectors[k])
+            store_vector(v, st[5], scales_, TILE * k, scale_vectors[k])
         for k in range(4):
-            store(st[6], mins_, TILE * k, min_pairs[k])
+            store_vector(v, st[6], mins_, TILE * k, min_pairs[k])
         d_vec, dmin_vec = _d_dmin(v, record)
-        store(st[7], d_, 0, d_vec)
-        store(st[8], dmin_, 0, dmin_vec)
+        store_vector(v, st[7], d_, 0, d_vec)
+        store_vector(v, st[8], dmin_, 0, dmin_vec)
         return context.get_dummy_value()
 
     return sig, codegen
