@@ -181,7 +181,8 @@ def _record_scales(v: VectorCode, record, half: int | None = None):
     return scales, pairs
 
 
-def _record_d(v: VectorCode, record, half: int | None = None):
+def record_d(v: VectorCode, record, half: int | None = None):
+    """The 16 rows' float16 d at the record's start as <16 x float> (or a half's 8)."""
     lanes = TILE if half is None else TILE // 2
     at = 0 if half is None else 2 * lanes * half
     halves = v.builder.bitcast(v.load(None, record, ir.IntType(64)(at), 2 * lanes), ir.VectorType(ir.HalfType(), lanes))
@@ -201,12 +202,13 @@ def record_pointer(v: VectorCode, packed_type, packed, n_blocks, tile, b):
     return v.row_pointer(packed_type, packed, builder.add(builder.mul(v.resize(tile, 64), v.resize(n_blocks, 64)), v.resize(b, 64)))
 
 
-def one_row_dots(emit, record_bytes: int):
+def one_row_dots(emit, record_bytes: int, prefetch: bool = True):
     """record_dots_1(packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a), an intrinsic: acc[a] (16
     floats, the tile's rows) takes super-block b's step for activation row t, by emit(v, record, aqs, ad,
     pairs, acc, t, a, b, half) (each a (type, value) pair but t, a, b): once for all 16 lanes (half
     None), or on AVX2 (narrow) once per half of 8, each half done and stored before the other, so that
-    LLVM cannot keep the activation's broadcasts from one half to the next (which spilled them)."""
+    LLVM cannot keep the activation's broadcasts from one half to the next (which spilled them).
+    prefetch: ask for the records PREFETCH_RECORDS ahead (prefetch_ahead)."""
 
     @intrinsic
     def record_dots_1(typingctx, packed, n_blocks, tile, b, aqs, ad, pairs, acc, t, a):
@@ -218,7 +220,8 @@ def one_row_dots(emit, record_bytes: int):
             v = VectorCode(context, builder)
             t_, a_, b_ = v.resize(t_, 64), v.resize(a_, 64), v.resize(b_, 64)
             record = record_pointer(v, st[0], packed_, n_blocks_, tile_, b_)
-            prefetch_ahead(v, record, record_bytes)
+            if prefetch:
+                prefetch_ahead(v, record, record_bytes)
             for half in ([0, 1] if narrow(v) else [None]):
                 emit(v, record, (st[4], aqs_), (st[5], ad_), (st[6], pairs_), (st[7], acc_), t_, a_, b_, half)
             return context.get_dummy_value()
@@ -267,19 +270,27 @@ def paired_sums(v: VectorCode, pairs, t, b, weight_pairs, half: int | None):
     return total
 
 
-def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half: int | None):
-    """acc[a, lanes of half] takes the block's step for activation row t (one_row_dots' emit)."""
+def block_step(v: VectorCode, record, word_quads, scales, scale_pairs, offset_bits: int, aqs, ad, pairs, acc, t, a, b, half):
+    """acc[a, lanes of half] takes super-block b's step for activation row t, for a type whose values u
+    = q + 2**offset_bits go by 16-element groups with signed integer scales and whose d leads the record
+    (Q3_K, Q6_K): the int32 total sum_g scale_g * (<u_g, a_g> - 2**offset_bits * asum_g), then vec_dot's
+    float step fma(ad * d, total, acc). scales and scale_pairs as _record_scales gives them."""
     builder = v.builder
     lanes = TILE if half is None else TILE // 2
     floats = ir.VectorType(ir.FloatType(), lanes)
-    scales, scale_pairs = _record_scales(v, record, half)
-    scaled = scaled_sums(v, _word_quads(v, record, half), scales, aqs, t, b, half)
+    scaled = scaled_sums(v, word_quads, scales, aqs, t, b, half)
     offsets = paired_sums(v, pairs, t, b, scale_pairs, half)  # sum_g scale_g * asum_g
-    total = builder.sub(scaled, v.shl(offsets, 2))
+    total = builder.sub(scaled, v.shl(offsets, offset_bits))
     a_scale = v.splat(builder.load(builder.gep(v.row_pointer(ad[0], ad[1], t), [b])), lanes)
     # vec_dot's float step, lane by lane: the product ad * d rounded, then one fma
-    step_scale = builder.fmul(a_scale, _record_d(v, record, half), flags=("arcp",))
+    step_scale = builder.fmul(a_scale, record_d(v, record, half), flags=("arcp",))
     float_step(v, acc, a, half, step_scale, builder.sitofp(total, floats))
+
+
+def _emit_record_dots(v: VectorCode, record, aqs, ad, pairs, acc, t, a, b, half: int | None):
+    """acc[a, lanes of half] takes the block's step for activation row t (one_row_dots' emit)."""
+    scales, scale_pairs = _record_scales(v, record, half)
+    block_step(v, record, _word_quads(v, record, half), scales, scale_pairs, 2, aqs, ad, pairs, acc, t, a, b, half)
 
 
 record_dots_1 = one_row_dots(_emit_record_dots, RECORD_BYTES)
@@ -306,7 +317,7 @@ def unpack_record(typingctx, packed, n_blocks, tile, b, quants, scales, scale_pa
             store_vector(v, st[5], scales_, TILE * g, scale_vectors[g])
         for k in range(N_PAIRS):
             store_vector(v, st[6], pairs_, TILE * k, scale_pairs[k])
-        store_vector(v, st[7], d_, 0, _record_d(v, record))
+        store_vector(v, st[7], d_, 0, record_d(v, record))
         return context.get_dummy_value()
 
     return sig, codegen
