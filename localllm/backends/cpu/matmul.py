@@ -296,12 +296,14 @@ class PackedWeights:
     @staticmethod
     def suits(qt: QuantType, weights: np.ndarray) -> bool:
         """Whether a weight gains from the layout: a type with a packed kernel, on a target where the
-        lane kernels are fast (packed_available; AVX2 only for the kernels marked `narrow`), with at
-        least one tile of rows."""
+        lane kernels are fast (packed_available; AVX-512 VNNI for the kernels marked `wide`, AVX2 for
+        those marked `narrow`), with at least one tile of rows."""
         packed = kernel_record(qt).packed
         if packed is None or weights.ndim != 2 or weights.shape[0] < TILE:
             return False
-        return _tiles_available() or (packed.narrow and _narrow_tiles_available())
+        if _tiles_available():
+            return packed.wide
+        return packed.narrow and _narrow_tiles_available()
 
     def matmul(self, x: np.ndarray, out: np.ndarray, scratch: MatmulScratch, threads: int) -> None:
         """out[T, N] = x[T, K] @ W.T, each row as the one-row kernel computes it; `threads`: Numba's

@@ -1,5 +1,5 @@
-"""Q4_K, Q5_K, Q3_K, Q2_K and IQ4_XS rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py,
-q5_k_x16.py, q3_k_x16.py, q2_k_x16.py, iq4_xs_x16.py, backends/cpu/matmul.PackedWeights): the layout
+"""Q4_K, Q5_K, Q6_K, Q3_K, Q2_K and IQ4_XS rows re-laid 16 at a time (backends/cpu/quant_kernels/q4_k_x16.py,
+q5_k_x16.py, q6_k_x16.py, q3_k_x16.py, q2_k_x16.py, iq4_xs_x16.py, backends/cpu/matmul.PackedWeights): the layout
 against a NumPy statement of it, the lane kernel against the one-row vec_dot bit for bit at every batch
 size (decode's one row included) and on every VectorCode instruction-set path, the backend's choice of
 layout, and the release of the mapped pages the re-laid rows came from."""
@@ -22,15 +22,16 @@ from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScra
 from localllm.backends.cpu.quant_kernels.q4_k_tiles import available as tiles_available
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.backends.cpu.quant_kernels import iq4_xs_x16, kernel_record, kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, q5_k_x16, vector
+from localllm.backends.cpu.quant_kernels import iq4_xs_x16, kernel_record, kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, q5_k_x16, q6_k_x16, vector
 
-MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16, "Q5_K": q5_k_x16, "IQ4_XS": iq4_xs_x16}  # the 256-element types with a packed layout (their kernel record's `packed`)
+MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16, "Q5_K": q5_k_x16, "Q6_K": q6_k_x16, "IQ4_XS": iq4_xs_x16}  # the 256-element types with a packed layout (their kernel record's `packed`)
 # Bytes of a block whose largest values give the largest products in pairs (a row's block[WIDEST] all
 # 0xFF): Q4_K's quants (nibbles 15: on AVX2 vpmaddubsw saturates past 32767, so the kernel must not feed
 # it 16 x a high nibble), Q3_K's hmask and quants (every u = q + 4 at 7), Q2_K's scale codes and quants
-# (scales and mins 15, quants 3), Q5_K's fifth bits and nibbles (every value 31), IQ4_XS's scales and
-# indices (scales 31, every value KVALUES[15] = 113: 241 unsigned, whose pairs saturate vpmaddubsw).
-WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96), "Q2_K": slice(0, 80), "Q5_K": slice(16, 176), "IQ4_XS": slice(2, 136)}
+# (scales and mins 15, quants 3), Q5_K's fifth bits and nibbles (every value 31), Q6_K's ql and qh (every
+# u = q + 32 at 63), IQ4_XS's scales and indices (scales 31, every value KVALUES[15] = 113: 241 unsigned,
+# whose pairs saturate vpmaddubsw).
+WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96), "Q2_K": slice(0, 80), "Q5_K": slice(16, 176), "Q6_K": slice(0, 192), "IQ4_XS": slice(2, 136)}
 TYPES = sorted(MODULES)
 TESTED_ELSEWHERE = {"Q4_0": q4_0_x16}  # test_quant_tiles_legacy.py
 
@@ -84,6 +85,17 @@ def test_q3_k_pack_puts_d_first_then_word_w_of_row_i_at_16w_plus_i():
     d = blocks[..., 108:110].transpose(0, 2, 1, 3).reshape(4, 32)  # record tile * 2 + b: row i's d at 2i
     words = blocks[..., :108].reshape(2, 16, 2, 27, 4).transpose(0, 2, 3, 1, 4).reshape(4, 27 * 64)  # word w of row i at 64w + 4i
     np.testing.assert_array_equal(packed, np.concatenate([d, words], axis=1))
+
+
+def test_q6_k_pack_puts_d_first_then_the_words_in_reading_order():
+    rng = np.random.default_rng(7)
+    raw = _weights("Q6_K", rng, 38, 512)  # two tiles, 6 rows left out
+    packed = q6_k_x16.pack(raw)
+    blocks = raw[:32].reshape(2, 16, 2, 210)  # [tile, row i, block b, byte]
+    d = blocks[..., 208:210].transpose(0, 2, 1, 3).reshape(4, 32)  # record tile * 2 + b: row i's d at 2i
+    words = blocks[..., :208].reshape(2, 16, 2, 52, 4).transpose(0, 2, 3, 1, 4)  # [tile, b, word w, row i, byte]
+    order = [48, 49, 50, 51] + [w for h in range(2) for s8 in range(8) for w in (16 * h + s8, 16 * h + 8 + s8, 32 + 8 * h + s8)]
+    np.testing.assert_array_equal(packed, np.concatenate([d, words[:, :, order].reshape(4, 52 * 64)], axis=1))
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -176,7 +188,7 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
         vector.VECTOR_ISA = saved
 
 
-@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "IQ4_XS", "Q6_K", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q8_0"])
 def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_same_results(qtype):
     rng = np.random.default_rng(9)
     raw = _weights(qtype, rng, 32, 512) if qtype != "Q8_0" else quant.get(qtype).quantize(rng.normal(0, 0.05, (32, 512)).astype(np.float32)).reshape(32, -1)
@@ -190,8 +202,10 @@ def test_backend_repacks_k_quants_only_where_the_lane_kernels_are_fast_with_the_
             backend.matmul(weight, x, out)
             results.setdefault(n_rows, []).append(bits(out))
         repacked = isinstance(backend._layout_of(weight), PackedWeights)
-        wide_only = qtype in MODULES and not kernel_record(qtype).packed.narrow  # AVX-512 VNNI only
-        assert repacked == (repack and qtype in MODULES and (tiles_available() if wide_only else packed_available()))
+        # AVX-512 VNNI targets take the types whose layout is marked `wide`, AVX2 those marked `narrow`
+        kind = kernel_record(qtype).packed
+        suited = kind is not None and (kind.wide if tiles_available() else kind.narrow and packed_available())
+        assert repacked == (repack and suited)
     for n_rows, (plain, packed) in results.items():
         np.testing.assert_array_equal(plain, packed, err_msg=f"{qtype} T={n_rows}")
 

@@ -104,6 +104,7 @@ class PackedKernel:
     matvec: Callable
     grouped: Optional[Callable] = None
     narrow: bool = True  # also on AVX2 targets (each product as two 256-bit halves), not only AVX-512 VNNI
+    wide: bool = True  # also on AVX-512 VNNI targets
 
 
 @dataclass(frozen=True)
@@ -266,11 +267,16 @@ def _q5_k() -> KernelRecord:
 
 def _q6_k() -> KernelRecord:
     from . import kquant_rows as r
-    from . import q4_k_tiles, q6_k, q6_k_tiles
+    from . import q4_k_tiles, q6_k, q6_k_tiles, q6_k_x16
 
     rows = RowKernels(r.q6_k_pack, r.q6_k_rows_2, r.q6_k_rows_4, r.q6_k_rows_8, r.q6_k_rows_16)
     tiles = TileKernel(q6_k_tiles.matvec_tiles, q4_k_tiles.MIN_ROWS, q4_k_tiles.NARROW_MIN_ROWS)
-    return KernelRecord(quant.get("Q6_K"), q6_k.vec_dot, q6_k.dequantize_row, rows=rows, tiles=tiles)
+    # Not picked on either target yet (docs/performance.md, thirty-fifth session): made on an AVX2-only
+    # Zen 3, where its prompts beat the file's rows (Gemma Q6_K pp256 +21%) but Gemma's decode took its
+    # Q6_K matrices ~25% slower in the model (alone, from memory: even), not understood; AVX-512 is not
+    # measured. Its products are exact on every target (test_quant_packed.py).
+    packed = PackedKernel(q6_k_x16.pack, q6_k_x16.matvec_packed, narrow=False, wide=False)
+    return KernelRecord(quant.get("Q6_K"), q6_k.vec_dot, q6_k.dequantize_row, rows=rows, tiles=tiles, packed=packed)
 
 
 def _q8_k() -> KernelRecord:
