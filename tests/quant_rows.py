@@ -46,6 +46,16 @@ def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
 
 
+def isa_paths() -> tuple[str, ...]:
+    """The VectorCode paths the per-path tests compile and compare on this machine ("auto" first): those
+    whose code differs here (vector.distinct_isas)."""
+    from numba.core.registry import cpu_target
+
+    from localllm.backends.cpu.quant_kernels import vector
+
+    return vector.distinct_isas(cpu_target.target_context)
+
+
 def compiled_for_isa(kernel):
     """A parallel kernel compiled afresh for vector.VECTOR_ISA as it is now, serially (prange as range):
     the per-ISA tests check the vector code each ISA inlines, which is the same in a serial compile,

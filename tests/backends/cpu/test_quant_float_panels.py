@@ -13,7 +13,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from quant_rows import bits
+from quant_rows import bits, isa_paths
 
 from localllm import quant
 from localllm.backends.base import Weight
@@ -135,7 +135,7 @@ def test_every_grid_shape_gives_vec_dots_bits_on_every_isa(name):
     kind = float_panels_ir.KINDS[KIND[name]]
     saved = vector.VECTOR_ISA
     try:
-        for isa in vector.VECTOR_ISAS:
+        for isa in isa_paths():
             vector.VECTOR_ISA = isa
             for n_p, n_t in float_panels_ir.SHAPES:
                 call = _grid_caller(float_panels_ir.GRIDS[kind, n_p, n_t])

@@ -9,10 +9,13 @@ on random blocks (extreme bytes included: -128 in Q8_0 quants, every fifth-bit p
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numba
 import numpy as np
 import pytest
-from quant_rows import bits, random_rows
+from quant_rows import bits, isa_paths, random_rows
 
 from localllm import quant
 from localllm.backends.cpu.drivers import drivers, row_drivers
@@ -42,7 +45,7 @@ def test_vec_dot_and_dequantize_equal_on_every_isa(name):
     act = QuantizedActivation(qt.act, N)
     acts = [tuple(a.copy() for a in act.quantize(rng.standard_normal(N).astype(np.float32) * 3)) for _ in range(3)]
     results = {}
-    for isa in vector.VECTOR_ISAS:
+    for isa in isa_paths():
         dot = numba.njit(fastmath=True, error_model="numpy")(kernel_record(qt).vec_dot.py_func)
         deq = numba.njit(error_model="numpy")(kernel_record(qt).dequantize_row.py_func)
         out = np.empty((raw.shape[0], N), dtype=np.float32)
@@ -52,7 +55,7 @@ def test_vec_dot_and_dequantize_equal_on_every_isa(name):
         for r, row in enumerate(raw):
             _run_under(isa, deq, row, out[r])
         results[isa] = (bits(dots), bits(out))
-    for isa in vector.VECTOR_ISAS[1:]:
+    for isa in isa_paths()[1:]:
         np.testing.assert_array_equal(results[isa][0], results["auto"][0], err_msg=f"vec_dot, {isa} vs auto")
         np.testing.assert_array_equal(results[isa][1], results["auto"][1], err_msg=f"dequantize_row, {isa} vs auto")
 
@@ -66,7 +69,7 @@ def test_grid_drivers_equal_on_every_isa(name):
     batch = BatchActivation(qt.act, 6, N).quantize(rng.standard_normal((6, N)).astype(np.float32))
     module = drivers(qt)
     results = {}
-    for isa in vector.VECTOR_ISAS:
+    for isa in isa_paths():
         matvec = numba.njit(fastmath=True)(module.matvec.py_func)
         matvec_rows = numba.njit(fastmath=True)(module.matvec_rows.py_func)
         one = np.empty(raw.shape[0], dtype=np.float32)
@@ -74,7 +77,7 @@ def test_grid_drivers_equal_on_every_isa(name):
         _run_under(isa, matvec, raw, one, *act)
         _run_under(isa, matvec_rows, raw, many, *batch)
         results[isa] = (bits(one), bits(many))
-    for isa in vector.VECTOR_ISAS[1:]:
+    for isa in isa_paths()[1:]:
         np.testing.assert_array_equal(results[isa][0], results["auto"][0], err_msg=f"matvec, {isa} vs auto")
         np.testing.assert_array_equal(results[isa][1], results["auto"][1], err_msg=f"matvec_rows, {isa} vs auto")
 
@@ -135,3 +138,31 @@ def test_q8_0_matvec_over_a_large_matrix_takes_rows_apart_with_the_same_values()
     small = np.empty(61, dtype=np.float32)
     drivers(qt).matvec(seed, small, *args)
     np.testing.assert_array_equal(bits(small), bits(expected))
+
+
+def test_auto_only_features_are_the_features_the_auto_checks_read():
+    # The per-path tests skip "avx2" on a target with none of vector.AUTO_ONLY_FEATURES, where it would
+    # compile "auto"'s code again: a feature checked under "auto" and missing from that list would let
+    # such a target skip a path that differs.
+    kernels = Path(vector.__file__).parent
+    read = set()
+    for name in ("vector.py", "float_panels_ir.py", "amx_tiles.py"):
+        read |= set(re.findall(r'"(\+[a-z0-9-]+)"', (kernels / name).read_text()))
+    assert read - {"+avx2"} == set(vector.AUTO_ONLY_FEATURES)
+
+
+def test_avx2_is_compiled_apart_exactly_where_auto_has_more():
+    class Codegen:
+        def __init__(self, features):
+            self._tm_features = features
+
+    class Context:
+        def __init__(self, features):
+            self._codegen = Codegen(features)
+
+        def codegen(self):
+            return self._codegen
+
+    assert vector.distinct_isas(Context("+sse4.2,+avx2,+fma,+f16c,-avx512f,-gfni")) == ("auto", "generic")
+    for extra in sorted(vector.AUTO_ONLY_FEATURES):
+        assert vector.distinct_isas(Context(f"+avx2,+fma,{extra}")) == ("auto", "avx2", "generic")

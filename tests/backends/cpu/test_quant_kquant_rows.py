@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from quant_rows import bits, random_rows
+from quant_rows import bits, isa_paths, random_rows
 
 from localllm import quant
 from localllm.backends.cpu.drivers import row_drivers
@@ -82,7 +82,7 @@ def test_matvec_rows_equals_vec_dot_on_every_isa(name):
     expected = [_expected(qt, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
-        for isa in vector.VECTOR_ISAS:
+        for isa in isa_paths():
             vector.VECTOR_ISA = isa
             matvec_rows = numba.njit(fastmath=True)(row_drivers(qt).matvec_rows.py_func)  # compiled now, for isa
             for batch, want in zip(batches, expected):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from quant_rows import bits, compiled_for_isa
+from quant_rows import bits, compiled_for_isa, isa_paths
 from test_quant_kquant_rows import _activations, _expected
 from test_quant_tiles import _weights
 
@@ -177,7 +177,7 @@ def test_packed_kernel_equals_vec_dot_on_every_isa(name):
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
-        for isa in vector.VECTOR_ISAS:
+        for isa in isa_paths():
             vector.VECTOR_ISA = isa
             kernel = compiled_for_isa(module.matvec_packed)  # compiled now, for isa
             for batch, want in zip(batches, expected):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 import pytest
-from quant_rows import bits, random_rows
+from quant_rows import bits, isa_paths, random_rows
 
 from localllm import quant
 from localllm.backends.cpu.drivers import drivers
@@ -56,7 +56,7 @@ def test_pair_drivers_equal_vec_dot_for_every_batch_size_and_isa(name, k):
     batch = BatchActivation(qt.act, MAX_T, k).quantize(x)
     expected = np.array([[kernel_record(qt).vec_dot(row, *(a[t] for a in batch)) for row in raw] for t in range(MAX_T)], dtype=np.float32)
     source = drivers(qt).matvec_rows.py_func
-    for isa in vector.VECTOR_ISAS:
+    for isa in isa_paths():
         matvec_rows = numba.njit(fastmath=True)(source)
         for t in range(1, MAX_T + 1):
             out = np.full((t, raw.shape[0]), np.nan, dtype=np.float32)

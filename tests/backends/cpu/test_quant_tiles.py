@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from quant_rows import bits, random_rows, compiled_for_isa
+from quant_rows import bits, compiled_for_isa, isa_paths, random_rows
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
@@ -115,7 +115,7 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
-        for isa in vector.VECTOR_ISAS:
+        for isa in isa_paths():
             vector.VECTOR_ISA = isa
             tiles = compiled_for_isa(MODULES[name].matvec_tiles)  # compiled now, for isa
             for batch, want in zip(batches, expected):

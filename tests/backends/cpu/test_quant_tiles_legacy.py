@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 import pytest
-from quant_rows import bits, random_rows, compiled_for_isa
+from quant_rows import bits, compiled_for_isa, isa_paths, random_rows
 from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
@@ -146,7 +146,7 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
-        for isa in vector.VECTOR_ISAS:
+        for isa in isa_paths():
             vector.VECTOR_ISA = isa
             tiles = compiled_for_isa(KERNELS[name])  # compiled now, for isa
             for batch, want in zip(batches, expected):
@@ -211,7 +211,7 @@ def test_q4_0_packed_kernel_equals_vec_dot_on_every_isa():
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
-        for isa in vector.VECTOR_ISAS:
+        for isa in isa_paths():
             vector.VECTOR_ISA = isa
             kernel = compiled_for_isa(q4_0_x16.matvec_packed)  # compiled now, for isa
             for batch, want in zip(batches, expected):

@@ -56,6 +56,10 @@ PREFETCH_LOCALITY = 2
 # masks), "generic": portable IR only. The tests compile every path and compare the integer results.
 VECTOR_ISA = "auto"
 VECTOR_ISAS = ("auto", "avx2", "generic")
+# The target features that only "auto" uses (every feature a VECTOR_ISA == "auto" check reads: here, in
+# float_panels_ir and amx_tiles; tests/backends/cpu/test_quant_isa.py holds the two lists together). On
+# a target with none of them, "auto" emits exactly the "avx2" path's code.
+AUTO_ONLY_FEATURES = frozenset({"+avxvnni", "+avx512f", "+avx512bw", "+avx512vl", "+avx512vnni", "+gfni", "+amx-tile", "+amx-bf16"})
 
 
 def ll_version_major() -> int:
@@ -64,6 +68,15 @@ def ll_version_major() -> int:
 
 def _target_features(context) -> set:
     return set((getattr(context.codegen(), "_tm_features", "") or "").split(","))
+
+
+def distinct_isas(context) -> tuple[str, ...]:
+    """The VECTOR_ISAS whose code differs on this compile target: all three, or "auto" and "generic"
+    where the target has none of AUTO_ONLY_FEATURES ("avx2" would compile "auto"'s code again; the
+    per-path tests compile each path afresh, so on an AVX2-only machine a third of their time)."""
+    if AUTO_ONLY_FEATURES & _target_features(context):
+        return VECTOR_ISAS
+    return tuple(isa for isa in VECTOR_ISAS if isa != "avx2")
 
 
 def _target_has_avx2(context) -> bool:
