@@ -1,7 +1,7 @@
 """Render one chat template given on stdin in a fresh process and print, as JSON, what it cost:
 {"error": TemplateError message or null, "cpu_s": CPU seconds of the render, "compile_s": CPU seconds of
-compiling the source before it (jinja's parse and Python's compile: linear in the source, 1-2 s for the 44 kB
-namespace_5000 on a slow machine, so not part of the render's bound), "rss_growth_mb": growth of the process's
+compiling the source before it (jinja's parse and Python's compile, bounded apart: 1-2 s for the 44 kB
+namespace_5000 on a slow machine), "rss_growth_mb": growth of the process's
 peak resident memory during compile and render}.
 
 A fresh process, because the peak resident size (ru_maxrss) only ever grows: measured in the test process,

@@ -3,8 +3,8 @@
 VectorCode emits, per compile target, VNNI (vpdpbusd), GFNI (nibble split) and AVX-512 mask code where
 the target has them ("auto"), plain AVX2 ("avx2"), or portable vector IR ("generic"). Each path computes
 the same integer lanes, and the float code around them is the same IR, so every kernel must give the
-same bits on every path. Uncached copies of the kernels are compiled with each path forced and compared
-on random blocks (extreme bytes included: -128 in Q8_0 quants, every fifth-bit pattern).
+same bits on every path. Uncached copies of the kernels are compiled with each path forced (each path
+whose code differs on this target: quant_rows.isa_paths) and compared on random blocks (extreme bytes included: -128 in Q8_0 quants, every fifth-bit pattern).
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def test_auto_only_features_are_the_features_the_auto_checks_read():
     kernels = Path(vector.__file__).parent
     read = set()
     for name in ("vector.py", "float_panels_ir.py", "amx_tiles.py"):
-        read |= set(re.findall(r'"(\+[a-z0-9-]+)"', (kernels / name).read_text()))
+        read |= set(re.findall(r"[\"'](\+[a-z0-9-]+)[\"']", (kernels / name).read_text()))
     assert read - {"+avx2"} == set(vector.AUTO_ONLY_FEATURES)
 
 
