@@ -567,6 +567,16 @@ def _namespace_of(count: int) -> str:
     return _MB_STRING + "{% set n = namespace(" + ", ".join(f"a{i}=s" for i in range(count)) + ") %}"
 
 
+def _largest_namespace() -> str:
+    """_namespace_of as many attributes as the source cap (sandbox.MAX_SOURCE_CHARS) lets in: one long
+    keyword-argument list is the slowest shape to compile known (2-3 s of CPU at 64 kB on a 2-core Zen 3)."""
+    size, count = len(_namespace_of(0) + "{{ n }}"), 0
+    while size + len(f", a{count}=s") <= sandbox.MAX_SOURCE_CHARS:
+        size += len(f", a{count}=s") - (count == 0) * 2  # the first argument has no ", " before it
+        count += 1
+    return _namespace_of(count) + "{{ n }}"
+
+
 def _namespace_set_one_by_one(count: int) -> str:
     return _MB_STRING + "{% set n = namespace() %}" + "".join(f"{{% set n.a{i} = s %}}" for i in range(count))
 
@@ -579,6 +589,7 @@ C_SIDE_ATTACKS = {
     # The issue's: 6 kB of template took 3.6 s and 2 GB (1,000 attributes), 30 s and 4.8 GB (5,000).
     "namespace_1000": _namespace_of(1000) + "{{ n }}",
     "namespace_5000": _namespace_of(5000) + "{{ n }}",
+    "namespace_at_the_source_cap": _largest_namespace(),
     "dict_values_view": _dict_of(1000) + "{{ d.values() }}",
     "dict_items_view": _dict_of(1000) + "{{ d.items() }}",
     # Other ways to stringify the namespace.
@@ -621,6 +632,14 @@ C_SIDE_ATTACKS = {
     "generator_into_sort": _MB_STRING + "{{ s | batch(1) | sort | length }}",
     "integer_squaring": "{% set ns = namespace(x=2 ** 2000) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
 }
+
+
+def test_a_source_longer_than_the_cap_is_refused_in_one_line_and_one_at_the_cap_compiles():
+    cap = sandbox.MAX_SOURCE_CHARS
+    assert ChatTemplate("x" * cap, "gguf").apply([{"role": "user", "content": "hi"}]) == "x" * cap
+    with pytest.raises(TemplateError) as refused:
+        ChatTemplate("x" * (cap + 1), "gguf")
+    assert str(refused.value) == f"chat template 'gguf': {cap + 1:,} characters is more than the {cap:,} allowed"
 
 
 def _render_in_a_fresh_process(source: str, conversation_kb: int = 0) -> tuple[dict, str]:
