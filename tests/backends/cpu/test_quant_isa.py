@@ -166,3 +166,14 @@ def test_avx2_is_compiled_apart_exactly_where_auto_has_more():
     assert vector.distinct_isas(Context("+sse4.2,+avx2,+fma,+f16c,-avx512f,-gfni")) == ("auto", "generic")
     for extra in sorted(vector.AUTO_ONLY_FEATURES):
         assert vector.distinct_isas(Context(f"+avx2,+fma,{extra}")) == ("auto", "avx2", "generic")
+
+
+@pytest.mark.parametrize("isa", vector.VECTOR_ISAS)
+def test_the_amx_tiles_follow_the_path_being_compiled(isa, monkeypatch):
+    # The per-path tests set vector.VECTOR_ISA to compile "avx2" and "generic": on a target with the tile
+    # unit, those must not take the tiles (amx_tiles once read the value it saw at import, always "auto").
+    from localllm.backends.cpu.quant_kernels import amx_tiles
+
+    monkeypatch.setattr(amx_tiles, "_target_features", lambda context: {"+avx2", "+amx-tile", "+amx-bf16"})
+    monkeypatch.setattr(vector, "VECTOR_ISA", isa)
+    assert amx_tiles.target_has_amx() == (isa == "auto")
