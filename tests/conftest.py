@@ -8,6 +8,7 @@ that a clean clone tests against the same facts.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -72,6 +73,16 @@ def llama_cpp_test_data(folder: str) -> Path:
     if (root / folder).is_dir():
         return root / folder
     root.mkdir(parents=True, exist_ok=True)
+    # One process fetches at a time (pytest-xdist's workers ask at once); the others then find the folders.
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / folder).is_dir():
+            _fetch_sdist_folders(root)
+    return root / folder
+
+
+def _fetch_sdist_folders(root: Path) -> None:
+    """Download the sdist into root and extract the missing _SDIST_FOLDERS from it (llama_cpp_test_data)."""
     sdist = root / f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
     if not sdist.is_file():  # one left by an interrupted run is reused: pip writes it whole or not at all
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(root),
@@ -97,7 +108,6 @@ def llama_cpp_test_data(folder: str) -> Path:
         for tmp in missing.values():
             shutil.rmtree(tmp, ignore_errors=True)
     sdist.unlink()  # the extracted files are all the tests read
-    return root / folder
 
 
 @pytest.fixture(scope="session")
