@@ -229,7 +229,10 @@ def _q2_k() -> KernelRecord:
     from . import q2_k, q2_k_tiles, q2_k_x16
 
     tiles = TileKernel(q2_k_tiles.matvec_tiles, q2_k_tiles.MIN_ROWS, q2_k_tiles.NARROW_MIN_ROWS)
-    packed = PackedKernel(q2_k_x16.pack, q2_k_x16.matvec_packed)
+    # AVX-512 VNNI only: on a native AVX2 Zen 3 Gemma's decode was 6-14% slower re-laid than on the file's
+    # rows in three sessions (prompts even); on Zen 4 compiled for Haswell it had been ahead
+    # (docs/performance.md, thirty-seventh session)
+    packed = PackedKernel(q2_k_x16.pack, q2_k_x16.matvec_packed, narrow=False)
     return KernelRecord(quant.get("Q2_K"), q2_k.vec_dot, quant.get("Q2_K").dequantize_row, tiles=tiles, packed=packed)
 
 
