@@ -570,9 +570,10 @@ def _namespace_of(count: int) -> str:
 def _largest_namespace() -> str:
     """_namespace_of as many attributes as the source cap (sandbox.MAX_SOURCE_CHARS) lets in: one long
     keyword-argument list is the slowest shape to compile known (2-3 s of CPU at 64 kB on a 2-core Zen 3)."""
-    size, count = len(_namespace_of(0) + "{{ n }}"), 0
-    while size + len(f", a{count}=s") <= sandbox.MAX_SOURCE_CHARS:
-        size += len(f", a{count}=s") - (count == 0) * 2  # the first argument has no ", " before it
+    room = sandbox.MAX_SOURCE_CHARS - len(_namespace_of(0) + "{{ n }}")
+    used, count = 0, 0  # used: len(", ".join(f"a{i}=s" for i in range(count)))
+    while used + (2 if count else 0) + len(f"a{count}=s") <= room:
+        used += (2 if count else 0) + len(f"a{count}=s")
         count += 1
     return _namespace_of(count) + "{{ n }}"
 

@@ -4,7 +4,8 @@ VectorCode emits, per compile target, VNNI (vpdpbusd), GFNI (nibble split) and A
 the target has them ("auto"), plain AVX2 ("avx2"), or portable vector IR ("generic"). Each path computes
 the same integer lanes, and the float code around them is the same IR, so every kernel must give the
 same bits on every path. Uncached copies of the kernels are compiled with each path forced (each path
-whose code differs on this target: quant_rows.isa_paths) and compared on random blocks (extreme bytes included: -128 in Q8_0 quants, every fifth-bit pattern).
+whose code differs on this target: quant_rows.isa_paths) and compared on random blocks (extreme bytes
+included: -128 in Q8_0 quants, every fifth-bit pattern).
 """
 
 from __future__ import annotations
