@@ -6,7 +6,7 @@ llama-quantize's type names, then `llama-bench` and `localllm bench` on each fil
     python scripts/bench_types.py --llama-bench PATH --types Q4_0,Q2_K --rounds 3
     python scripts/bench_types.py --llama-bench PATH --model 8b -p 128 -n 32   # Q4_0, Q8_0, Q3_K_M
     python scripts/bench_types.py --llama-bench PATH --model 8b --types Q5_K_M,IQ4_XS -p 128 -n 32   # any type
-    python scripts/bench_types.py --llama-bench PATH --model 8b --prepare       # only make the files
+    python scripts/bench_types.py --model 8b --prepare                          # only make the files
     python scripts/bench_types.py --llama-bench PATH --llama-load-mode none     # against llama.cpp's --no-mmap
     python scripts/bench_types.py --pool A.json B.json                         # the rounds of two --json runs together
     python scripts/bench_types.py --llama-bench AVX2_BUILD/llama-bench --target avx2   # the AVX2 path (below)
@@ -153,7 +153,7 @@ def table(results: dict, tests: tuple[str, str], targets: tuple[float, float]) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (needed unless --pool)")
+    parser.add_argument("--llama-bench", help="llama.cpp's llama-bench binary (needed unless --pool or --prepare)")
     parser.add_argument("--model", choices=("gemma", "8b"), default="gemma")
     parser.add_argument("--types", default=None, help="comma-separated llama-quantize type names (default: all for the model)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/localllm-bench-types"))
@@ -179,8 +179,8 @@ def main() -> None:
               f"(tok/s medians; ratio: median of the paired rounds, range)\n")
         print(table(results, tests, TARGETS[model]))
         return
-    if not args.llama_bench:
-        parser.error("--llama-bench is required (unless --pool)")
+    if not args.llama_bench and not args.prepare:
+        parser.error("--llama-bench is required (unless --pool or --prepare)")
     types = args.types.split(",") if args.types else list(GEMMA_TYPES if args.model == "gemma" else EIGHT_B_TYPES)
     args.workdir.mkdir(parents=True, exist_ok=True)
     if args.target == "avx2":
