@@ -30,9 +30,9 @@ os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
 os.environ.setdefault("LOCALLLM_COMPILE", "foreground")
 # Under pytest-xdist (the README's command) two worker processes share the cores, and an OpenMP worker that
 # spins between parallel regions (localllm's bounded GOMP_SPINCOUNT, right for one process) takes the CPU
-# the other process is waiting for: sleeping workers ran the model-heavy tests (test_speculative.py,
-# test_paged.py, test_engine_speculation.py, `-n 2`) in 63-64 s against 72-76 s. Unless the environment
-# already says how OpenMP should wait; tests/test_runtime.py checks the default policy in clean children.
+# the other process is waiting for (docs/performance.md, thirty-eighth session, has the timings). Unless the
+# environment already says how OpenMP should wait; tests/test_runtime.py checks the default policy in clean
+# children.
 if os.environ.get("PYTEST_XDIST_WORKER") and "GOMP_SPINCOUNT" not in os.environ:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
