@@ -118,19 +118,19 @@ def test_batched_matvec_equals_vec_dot_on_long_rows(name, n_rows):
     np.testing.assert_array_equal(bits(out), bits(expected))
 
 
-def test_q8_0_matvec_over_a_large_matrix_takes_rows_apart_with_the_same_values():
-    # From APART_MIN_BYTES the Q8_0 decode matvec reads four rows a quarter of the matrix apart a step
-    # (faster when the matrix streams from memory), the last N % 4 one by one: the same values as vec_dot
-    # on every row, and as the four-row kernel on a slice below the size. 61 distinct rows repeated, so
-    # that a row written to another part's place would not match.
-    from localllm.backends.cpu.quant_kernels import q8_0
-
-    qt = quant.get("Q8_0")
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+def test_matvec_over_a_large_matrix_takes_rows_apart_with_the_same_values(name):
+    # From APART_MIN_BYTES the Q8_0 and Q4_0 decode matvecs read four rows a quarter of the matrix apart
+    # a step (faster when the matrix streams from memory), the last N % 4 one by one: the same values as
+    # vec_dot on every row, and as the four-row kernel on a slice below the size. 61 distinct rows
+    # repeated, so that a row written to another part's place would not match.
+    qt = quant.get(name)
+    min_bytes = kernel_record(qt).grid.apart_min_bytes
     rng = np.random.default_rng(25)
-    seed = random_rows("Q8_0", 61, 640, rng, extremes=False)
-    n_rows = -(-q8_0.APART_MIN_BYTES // seed.shape[1]) // 4 * 4 + 7  # N % 4 == 3
+    seed = random_rows(name, 61, 640, rng, extremes=False)
+    n_rows = -(-min_bytes // seed.shape[1]) // 4 * 4 + 7  # N % 4 == 3
     raw = np.ascontiguousarray(np.tile(seed, (-(-n_rows // 61), 1))[:n_rows])
-    assert raw.nbytes >= q8_0.APART_MIN_BYTES
+    assert raw.nbytes >= min_bytes
     args = QuantizedActivation("q8_0", 640).quantize(rng.standard_normal(640).astype(np.float32))
     out = np.full(raw.shape[0], np.nan, dtype=np.float32)
     drivers(qt).matvec(raw, out, *args)

@@ -1,10 +1,11 @@
-"""Q4_K, Q5_K and Q6_K vec_dot against a NumPy model of their arithmetic, bit for bit.
+"""Q4_K, Q5_K, Q6_K and Q4_0 vec_dot against a NumPy model of their arithmetic, bit for bit.
 
 Per super-block the kernels compute exact integers (Q4_K, Q5_K: sum_k scale_k * <q_k, a_k> and
 sum_k min_k * <1, a_k>; Q6_K: sum_g scale_g * <q_g - 32, a_g>), however their vector code is arranged
 (AVX-512, AVX2, generic; see test_quant_isa), then one float step per block in a fixed order, with fused multiply-adds (rounded once):
   Q4_K, Q5_K: fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
   Q6_K: fma(ad * d, float(total), acc)
+  Q4_0 (32-element blocks, block_sums): fma(float(sum_j (q_j - 8) * a_j), d * ad, acc)
 (what the kernels computed when this test was written: LLVM had contracted the written
 acc + ad * (d * scaled - dmin * mins) so; they now state the fmas). The model computes the integers in
 int64 and the float steps exactly (fractions, one rounding), so any change to either (a reordered or
@@ -77,7 +78,18 @@ def _q6_k_model(row, aqs, ad, asum):
     return acc
 
 
-MODELS = {"Q4_K": _q4_k_model, "Q5_K": _q5_k_model, "Q6_K": _q6_k_model}
+def _q4_0_model(row, aqs, ad, asum):
+    blocks = row.reshape(-1, 18)
+    q = np.concatenate([blocks[:, 2:] & 15, blocks[:, 2:] >> 4], axis=1).astype(np.int64) - 8
+    total = (q * aqs.reshape(-1, 32).astype(np.int64)).sum(axis=1)
+    d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
+    acc = np.float32(0.0)
+    for b in range(blocks.shape[0]):
+        acc = fma32(np.float32(np.int32(total[b])), d[b] * ad[b], acc)
+    return acc
+
+
+MODELS = {"Q4_K": _q4_k_model, "Q5_K": _q5_k_model, "Q6_K": _q6_k_model, "Q4_0": _q4_0_model}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -173,16 +173,17 @@ def test_q4_0_pack_puts_row_i_scale_at_2i_and_its_quant_word_c_at_32_plus_64c_pl
     np.testing.assert_array_equal(packed, want.reshape(18, 288))
 
 
-@pytest.mark.parametrize("k", [256, 2048, 4608])
-def test_q4_0_packed_kernel_equals_vec_dot_at_every_batch_size(k):
+@pytest.mark.parametrize("k,n_weights", [(256, 48), (2048, 48), (4608, 48), (2048, 144), (256, 256)])
+def test_q4_0_packed_kernel_equals_vec_dot_at_every_batch_size(k, n_weights):
+    # 9 and 16 tiles: the decode's tiles a quarter of the matrix apart (APART), and the tile left over.
     QT = quant.get("Q4_0")
-    rng = np.random.default_rng(k + 3)
-    raw = _weights("Q4_0", rng, 48, k)
+    rng = np.random.default_rng(k + n_weights)
+    raw = _weights("Q4_0", rng, n_weights, k)
     packed = q4_0_x16.pack(raw)
     for n_rows in (1, 2, 3, 4, 5, 16, 33, 256, 257):
         batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         for n_parts in (1, 2, 5):
-            out = np.full((n_rows, 48), np.nan, dtype=np.float32)
+            out = np.full((n_rows, n_weights), np.nan, dtype=np.float32)
             q4_0_x16.matvec_packed(packed, k // 32, n_parts, out, *batch)
             np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"K={k} T={n_rows} parts={n_parts}")
 

@@ -55,8 +55,8 @@ class GridKernels:
     # From this matrix size the matvec takes dot_apart: Q8_0's matrices far larger than the caches stream
     # faster as four runs side by side than as dot_4x1's four neighbouring rows (Gemma 3's 178 MB output
     # matrix, 1 thread: one row at a time 41 against dot_4x1's 36 GB/s; four runs ~5% a token over one
-    # row at a time), while dot_4x1 stays ahead on matrices that fit and on the other types (measured
-    # Q4_0, Q5_0: the four-row kernels win at every size).
+    # row at a time), while dot_4x1 stays ahead on matrices that fit and on the other types measured
+    # (Q5_0); Q4_0 takes it too, on its block sums (q4_0.APART_MIN_BYTES).
     apart_min_bytes: int = APART_NEVER
     # (weights, r0, step, qs, d, s, n_blocks) -> 4 float32: rows r0 + k * step (vector.apart_dot_intrinsic)
     dot_apart: Optional[Callable] = None
@@ -183,8 +183,9 @@ def _q4_0() -> KernelRecord:
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
     tiles = TileKernel(legacy_tiles.q4_0_tiles, legacy_tiles.MIN_ROWS["Q4_0"], legacy_tiles.NARROW_MIN_ROWS["Q4_0"])
     packed = PackedKernel(q4_0_x16.pack, q4_0_x16.matvec_packed)
+    grid = GridKernels(k.dot_4x1, k.dot_1x4, apart_min_bytes=k.APART_MIN_BYTES, dot_apart=k.dot_apart)
     return KernelRecord(
-        quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles, packed=packed,
+        quant.get("Q4_0"), k.vec_dot, k.dequantize_row, grid=grid, pairs=pairs, tiles=tiles, packed=packed,
     )
 
 

@@ -97,7 +97,21 @@ def _first_lane(v: VectorCode, value, lanes: int):
     return v.builder.insert_element(zeros, value, ir.Constant(ir.IntType(32), 0))
 
 
-def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: int = 0, min_offset=None):
+def block_totals(v: VectorCode, ints):
+    """Each group of eight int32 lanes (a <8 x i32> block sum, or two side by side in a <16 x i32>)
+    summed into its first lane, the other lanes zero: the block_sums order (block_terms_kernel). With
+    zeros there, row_sum's other seven float lanes stay +0.0 and its halving sum returns lane 0's chain
+    unchanged, so the generic row, grid and pair kernels compute one float step per block."""
+    builder = v.builder
+    totals = v.constant(0, ints.type.count, 32)
+    for first in range(0, ints.type.count, 8):
+        total = v.sum(v.shuffle(ints, range(first, first + 8)) if ints.type.count > 8 else ints)
+        totals = builder.insert_element(totals, total, ir.Constant(ir.IntType(32), first))
+    return totals
+
+
+def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: int = 0, min_offset=None,
+                       block_sums: bool = False):
     """block_terms(v, w, aqs, ad, asum, b, prefetch) for one 32-element block type: block b of the weight
     row w against the q8_0 activation (aqs, ad, asum), all element pointers, as (ints, scale, extra).
 
@@ -107,7 +121,12 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
         d * ad[b] * (sum_j q_j * a_j - zero * asum[b])  [+ m * ad[b] * asum[b]].
     The integer sum stays in eight int32 lanes (lane 0 starts from the zero correction), is converted
     and scaled as a vector and added to float accumulators (VectorCode.row_sum / grid_sum): no
-    horizontal sum per block, which is what held these types to 7 GB/s.
+    horizontal sum per block, which is what held these types to 7 GB/s; the float order of llama.cpp's
+    AVX2 vec_dot. block_sums: the block's whole integer sum in lane 0 instead (block_totals), so the
+    float steps are one fused multiply-add per block, acc = fma(float(sum), d * ad[b], acc), block after
+    block: the order of llama.cpp's re-laid AVX2 kernels (repack.cpp's gemv/gemm for Q4_0, which it
+    takes on AVX2 for every matrix of N % 8 == 0), and one the 16-row lane kernels follow with one
+    accumulator per row instead of eight (tile_sums.py).
     """
 
     def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
@@ -124,6 +143,8 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
         # The zero correction starts lane 0's sum (with VNNI, vpdpbusd's accumulator: no extra op).
         start = _first_lane(v, builder.mul(act_sum, ir.Constant(act_sum.type, -zero)), 8) if zero else None
         ints = v.dot_quads(quants, acts, start)
+        if block_sums:
+            ints = block_totals(v, ints)
         scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
         if min_offset is None:
             return ints, scale, None
@@ -136,10 +157,12 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
     return block_terms
 
 
-def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
+def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, block_sums: bool = False):
     """pair_terms(v, w, pq, pd, ps, b, half, prefetch) for a zero-point type (Q4_0, Q5_0): block_terms
     against an activation pair (pairs.pair_activations, whose ps holds each row's zero correction in the
-    lane block_terms starts it in), both rows in 512-bit vectors for half None, else row half."""
+    lane block_terms starts it in), both rows in 512-bit vectors for half None, else row half;
+    block_sums as block_terms_kernel's (each row's block sum in its first lane)."""
+    totals = block_totals if block_sums else (lambda v, ints: ints)
 
     def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
         builder = v.builder
@@ -152,10 +175,10 @@ def pair_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None):
         at64 = builder.mul(b, ir.Constant(b.type, 2 * BLOCK))
         if half is None:
             acts = v.load(None, pq, at64, 2 * BLOCK)
-            ints = v.dot_quads(v.join(quants, quants), acts, pair_lanes(v, ps, b, spread, starts=True))
+            ints = totals(v, v.dot_quads(v.join(quants, quants), acts, pair_lanes(v, ps, b, spread, starts=True)))
             return ints, builder.fmul(v.load_f16_splat(None, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
         acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
-        ints = v.dot_quads(quants, acts, _first_lane(v, pair_lane(v, ps, b, half, spread), 8))
+        ints = totals(v, v.dot_quads(quants, acts, _first_lane(v, pair_lane(v, ps, b, half, spread), 8)))
         act_scale = pair_lane(v, pd, b, half, spread)
         return ints, builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 

@@ -34,6 +34,7 @@ from ....jit import exact_kernel, read_f16
 from ....quant.iq4_nl import KVALUES as IQ4_NL_LEVELS
 from .legacy import _nibbles, _with_fifth_bits, level_nibbles
 from .q4_k_tiles import TILE, _dot_quads_512, _transpose16
+from .tile_sums import emit_block_sums
 from .vector import VectorCode, _target_has_avx2
 
 BLOCK = 32
@@ -184,12 +185,13 @@ ZERO_POINT, MINIMUM, QUAD_OFFSET = "zero point", "minimum", "quad offset"  # how
 SIGNED_BY_ACTIVATION = "signed by the activation"
 
 
-def _rows_kernel(kind: str, n_rows: int):
+def _rows_kernel(kind: str, n_rows: int, block_sums: bool = False):
     """An intrinsic tile_rows(tile, scales, mins, aqs, ad, ints, out, r0, t): out[t + u, r0 : r0 + 16]
     for u < n_rows, each lane vec_dot's value for its weight row. ints: the starts (ZERO_POINT:
     int32[T, nb]; QUAD_OFFSET: int32[T, K / 4]; SIGNED_BY_ACTIVATION: the activation's magnitudes
     int8[T, K], narrow targets only) or, for MINIMUM, the activation's block sums
-    int32[T, nb] (mins float32[nb, 16] then holds the minima; otherwise unused)."""
+    int32[T, nb] (mins float32[nb, 16] then holds the minima; otherwise unused). block_sums: a
+    ZERO_POINT type of 4-bit quants in the block-sums order (Q4_0: tile_sums.py)."""
 
     @intrinsic
     def tile_rows(typingctx, tile, scales, mins, aqs, ad, ints, out, r0, t):
@@ -209,7 +211,11 @@ def _rows_kernel(kind: str, n_rows: int):
 
             n_blocks = cgutils.unpack_tuple(builder, context.make_array(st[1])(context, builder, scales_).shape)[0]
             acts = [(st[3], aqs_), (st[4], ad_), (st[5], ints_)]
-            emit_rows(v, kind, n_rows, n_blocks, block_vectors, acts, (st[6], out_), r0_, t_)
+            if block_sums:
+                source = (lambda b: block_vectors(b)[:2], r0_)
+                emit_block_sums(v, [source], n_rows, n_blocks, acts, (st[6], out_), t_)
+            else:
+                emit_rows(v, kind, n_rows, n_blocks, block_vectors, acts, (st[6], out_), r0_, t_)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -224,8 +230,8 @@ def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, ac
     (type, value). Each row keeps eight accumulators, one per lane of vec_dot's eight: <16 x float>,
     all rows in one loop over the blocks where wide(v); elsewhere (AVX2) one loop per row and half of
     the tile (rows r0..r0+7, then r0+8..r0+15), eight <8 x float> (16 of 16 lanes spill the 16 ymm
-    registers), except for a single row of the unsigned kinds (the re-laid Q4_0's decode), which takes
-    both halves HALF_CHUNK blocks at a time so that the tile is read from memory once. Lane j of a
+    registers), except for a single row of the unsigned kinds, which takes both halves HALF_CHUNK
+    blocks at a time so that the tile is read once. Lane j of a
     quad's dot is the same integer either way and the float steps the same operations, so every output
     has vec_dot's bits on every target."""
     t, r0 = v.resize(t, 64), v.resize(r0, 64)
@@ -241,7 +247,8 @@ def emit_rows(v: VectorCode, kind: str, n_rows: int, n_blocks, block_vectors, ac
 
 
 # Blocks a half of the tile takes before the other half takes the same ones (from L1). Against all 16
-# lanes in one loop (accumulators spilled): the 8B-shaped Q4_0 re-laid, one row, compiled for Haswell,
+# lanes in one loop (accumulators spilled), measured when the re-laid Q4_0 took this path (before its
+# block sums): the 8B-shaped Q4_0, one row, compiled for Haswell,
 # one Zen 4 thread, three alternating runs: in cache 24.2-25.5 -> 26.1-26.3 GB/s; from memory no change
 # measurable (two threads 33.2-33.4 / 28.8-33.8: the memory's speed).
 HALF_CHUNK = 8
@@ -366,6 +373,7 @@ def _float_sum_lanes(v: VectorCode, accs):
 
 
 zero_rows_2, zero_rows_1 = _rows_kernel(ZERO_POINT, ROWS), _rows_kernel(ZERO_POINT, 1)
+sum_rows_2, sum_rows_1 = _rows_kernel(ZERO_POINT, ROWS, block_sums=True), _rows_kernel(ZERO_POINT, 1, block_sums=True)
 min_rows_2, min_rows_1 = _rows_kernel(MINIMUM, ROWS), _rows_kernel(MINIMUM, 1)
 quad_rows_2, quad_rows_1 = _rows_kernel(QUAD_OFFSET, ROWS), _rows_kernel(QUAD_OFFSET, 1)
 signed_rows_2, signed_rows_1 = _rows_kernel(SIGNED_BY_ACTIVATION, ROWS), _rows_kernel(SIGNED_BY_ACTIVATION, 1)
@@ -424,9 +432,9 @@ def q4_0_tiles(weights, out, qs, d, s):
         unpack_q4_0(weights, tile_index * TILE, n_blocks, tile)
         f16_columns(weights, tile_index * TILE, 18, 0, scales)
         for pair in range(n_rows // ROWS):
-            zero_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
+            sum_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
         for t in range(n_rows - n_rows % ROWS, n_rows):
-            zero_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
+            sum_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
 
 
 @exact_kernel(parallel=True)

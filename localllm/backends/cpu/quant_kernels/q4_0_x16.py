@@ -8,16 +8,11 @@ bytes, one per tile of 16 rows and block b, the same bytes as the rows' blocks:
   bytes 0..31                 the 16 rows' float16 scales d (row i at 2i)
   bytes 32 + 64c + 4i + k     row i's quant byte 4c + k (c < 4, k < 4)
 so one 64-byte load holds four quant bytes of each of 16 rows: its low nibbles are quad c of every row
-(elements 4c..4c+3), its high nibbles quad c + 4 (elements 16 + 4c..), the operands of legacy_tiles'
-vpdpbusd against broadcast activation quads. The float steps are legacy_tiles.emit_rows' (vec_dot's
-eight lanes, kept as eight <16 x float> accumulators), so every output equals q4_0.vec_dot's bit for
-bit at every number of activation rows.
-
-Measured (Zen 5 shared with other jobs, one thread, Gemma 3 270M's seven layer matrices, best of 15-31
-alternating passes, a session script): one row in cache 45 us against the grid kernel's 106; from
-memory (18 layers' matrices, 56 MB) 1.07x the grid kernel's speed (1.04x on two threads); T = 2 / 16
-/ 64 / 256 rows 0.07 / 0.56 / 1.83 / 14.0 ms against the pair kernels' 0.14 / 0.69 / 2.66 / 24.5 and
-legacy_tiles' 0.39 / 0.95 / 2.17 / 15.5.
+(elements 4c..4c+3), its high nibbles quad c + 4 (elements 16 + 4c..), the operands of the
+multiply-adds against broadcast activation quads. The products are tile_sums.py's (one float step per
+block and row, Q4_0's block-sums order), so every output equals q4_0.vec_dot's bit for bit at every
+number of activation rows; the decode reads APART tiles a quarter of the matrix apart in the same loop
+steps. Figures: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -28,7 +23,8 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel
-from .legacy_tiles import QUADS, ROWS, TILE, ZERO_POINT, emit_rows, zero_starts
+from .legacy_tiles import QUADS, ROWS, TILE, zero_starts
+from .tile_sums import emit_block_sums
 from .vector import VectorCode
 
 BLOCK_BYTES = 18  # a Q4_0 block: float16 d, 16 bytes of nibbles
@@ -81,24 +77,29 @@ def _record_pointer(v: VectorCode, packed_type, packed, n_blocks, tile, b):
     return v.row_pointer(packed_type, packed, builder.add(builder.mul(v.resize(tile, 64), v.resize(n_blocks, 64)), b))
 
 
-def _record_rows(n_rows: int):
+def _record_rows(n_rows: int, n_tiles: int = 1):
     @intrinsic
-    def record_rows(typingctx, packed, n_blocks, tile, aqs, ad, starts, out, t):
-        """out[t + u, 16 * tile : 16 * tile + 16] for u < n_rows straight from the tile's records."""
-        sig = types.void(packed, n_blocks, tile, aqs, ad, starts, out, t)
+    def record_rows(typingctx, packed, n_blocks, tile, step, aqs, ad, starts, out, t):
+        """out[t + u, 16 * tile_k : 16 * tile_k + 16] for u < n_rows and the n_tiles tiles tile_k = tile
+        + k * step, straight from their records, all in one loop over the blocks (tile_sums.py)."""
+        sig = types.void(packed, n_blocks, tile, step, aqs, ad, starts, out, t)
 
         def codegen(context, builder, signature, args):
-            packed_, n_blocks_, tile_, aqs_, ad_, starts_, out_, t_ = args
+            packed_, n_blocks_, tile_, step_, aqs_, ad_, starts_, out_, t_ = args
             st = signature.args
             v = VectorCode(context, builder)
+            i64 = ir.IntType(64)
 
-            def block_vectors(b):
-                quads, d_vec = _record_vectors(v, _record_pointer(v, st[0], packed_, n_blocks_, tile_, b))
-                return quads, d_vec, None
+            def source(k):
+                tile_k = builder.add(v.resize(tile_, 64), builder.mul(v.resize(step_, 64), i64(k)))
 
-            r0 = builder.mul(v.resize(tile_, 64), ir.IntType(64)(TILE))
-            acts = [(st[3], aqs_), (st[4], ad_), (st[5], starts_)]
-            emit_rows(v, ZERO_POINT, n_rows, n_blocks_, block_vectors, acts, (st[6], out_), r0, t_)
+                def block_vectors(b):
+                    return _record_vectors(v, _record_pointer(v, st[0], packed_, n_blocks_, tile_k, b))
+
+                return block_vectors, builder.mul(tile_k, i64(TILE))
+
+            acts = [(st[4], aqs_), (st[5], ad_), (st[6], starts_)]
+            emit_block_sums(v, [source(k) for k in range(n_tiles)], n_rows, n_blocks_, acts, (st[7], out_), t_)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -106,23 +107,40 @@ def _record_rows(n_rows: int):
     return record_rows
 
 
-record_rows_2, record_rows_1 = _record_rows(ROWS), _record_rows(1)
+# Activation rows a pass over a tile's records takes (one accumulator per row and weight row: 4 rows
+# are 8 ymm registers on AVX2), and the tiles the one-row decode reads side by side, a quarter of the
+# matrix apart: four sequential runs per thread (the 8B-shaped Q4_0 file, Zen 3, 2 threads, tg32 tok/s
+# alternating: one tile at a time 2.67 / 2.93, four apart 4.37 / 3.71, two 3.43 / 3.61, eight 3.67 /
+# 3.62; llama.cpp 2.74 / 3.03).
+ROWS_A_PASS = ROWS
+APART = 4
+record_rows_pass, record_rows_1 = _record_rows(ROWS_A_PASS), _record_rows(1)
+record_rows_apart = _record_rows(1, APART)
 
 
 @exact_kernel(parallel=True)
 def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
     """out[t, r] for r < 16 * n_tiles (the packed rows), every value equal to q4_0.vec_dot(row r,
-    qs[t], d[t], s[t]). The tiles are split in n_parts contiguous runs (the caller's thread count),
-    every tile taken straight from its records by ROWS activation rows at a time. (Through
-    legacy_tiles' scratch instead, unpacked once per tile: no faster at any T measured, 8 to 64.)"""
+    qs[t], d[t], s[t]). One activation row (the decode): tiles i, q + i, 2q + i, 3q + i together (q =
+    n_tiles // APART), the rest one by one. More: the tiles split in n_parts contiguous runs (the
+    caller's thread count), every tile taken straight from its records by ROWS_A_PASS activation rows
+    at a time. (Through legacy_tiles' scratch instead, unpacked once per tile: no faster at any T
+    measured, 8 to 64.)"""
     n_rows = qs.shape[0]
     n_tiles = packed.shape[0] // n_blocks
     starts = np.empty((n_rows, n_blocks), dtype=np.int32)
     zero_starts(s, ZERO, starts)
+    if n_rows == 1:
+        q = n_tiles // APART
+        for i in prange(q):
+            record_rows_apart(packed, n_blocks, i, q, qs, d, starts, out, 0)
+        for tile in prange(APART * q, n_tiles):
+            record_rows_1(packed, n_blocks, tile, 0, qs, d, starts, out, 0)
+        return
     n_parts = max(1, min(n_parts, n_tiles))
     for part in prange(n_parts):
         for tile in range(part * n_tiles // n_parts, (part + 1) * n_tiles // n_parts):
-            for pair in range(n_rows // ROWS):
-                record_rows_2(packed, n_blocks, tile, qs, d, starts, out, pair * ROWS)
-            for t in range(n_rows - n_rows % ROWS, n_rows):
-                record_rows_1(packed, n_blocks, tile, qs, d, starts, out, t)
+            for group in range(n_rows // ROWS_A_PASS):
+                record_rows_pass(packed, n_blocks, tile, 0, qs, d, starts, out, group * ROWS_A_PASS)
+            for t in range(n_rows - n_rows % ROWS_A_PASS, n_rows):
+                record_rows_1(packed, n_blocks, tile, 0, qs, d, starts, out, t)
