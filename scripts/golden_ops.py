@@ -68,6 +68,13 @@ IQ4_XS's values kept signed there; Q2_K, Q3_K and IQ4_XS had gone through BLAS f
 avx2 entries matmul/{Q2_K,Q3_K,IQ4_XS}/T=33 (basic and full) re-recorded with the haswell command above
 from /work/main; they now equal their avx512_vnni twins, and every other entry came out unchanged.
 
+Q4_0's block sums (2026-11-29, issue 28: its products take one fused multiply-add per block, the order
+of llama.cpp's re-laid AVX2 Q4_0 kernels, instead of Q8_0's eight float lanes): the 21 Q4_0 matmul and
+matmul_rows entries re-recorded on an AVX2-only machine (AMD Zen 3) with the first command above from
+/work/main, every other entry unchanged; the avx512_vnni and avx512_amx Q4_0 entries copied from them (no
+AVX-512 machine was at hand; every one of the 21 had equalled its avx2 twin in all three keys, and the new
+order is the same operations on every vector width: exact integers, then one fma per block and row).
+
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
 """
