@@ -206,7 +206,7 @@ def test_q4_0_packed_kernel_equals_vec_dot_on_every_isa():
     QT = quant.get("Q4_0")
     rng = np.random.default_rng(43)
     k = 544
-    raw = _weights("Q4_0", rng, 32, k)
+    raw = _weights("Q4_0", rng, 80, k)  # 5 tiles: four a quarter apart in the decode, one left over
     packed = q4_0_x16.pack(raw)
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 7)]
     expected = [_expected(QT, raw, batch) for batch in batches]
@@ -216,7 +216,7 @@ def test_q4_0_packed_kernel_equals_vec_dot_on_every_isa():
             vector.VECTOR_ISA = isa
             kernel = compiled_for_isa(q4_0_x16.matvec_packed)  # compiled now, for isa
             for batch, want in zip(batches, expected):
-                out = np.full((batch[0].shape[0], 32), np.nan, dtype=np.float32)
+                out = np.full((batch[0].shape[0], 80), np.nan, dtype=np.float32)
                 kernel(packed, k // 32, 2, out, *batch)
                 np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{isa} T={batch[0].shape[0]}")
     finally:
