@@ -34,11 +34,10 @@ from ....jit import exact_kernel, read_f16
 from ....quant.iq4_nl import KVALUES as IQ4_NL_LEVELS
 from .legacy import _nibbles, _with_fifth_bits, level_nibbles
 from .q4_k_tiles import TILE, _dot_quads_512, _transpose16
-from .tile_sums import emit_block_sums
+from .tile_sums import QUADS, emit_block_sums  # QUADS: vpdpbusd steps per block, one per float accumulator
 from .vector import VectorCode, _target_has_avx2
 
 BLOCK = 32
-QUADS = BLOCK // 4  # vpdpbusd steps per block: one per float accumulator
 ROWS = 2  # activation rows per pass over the tile (16 accumulators in registers)
 # Fewer activation rows: the pair (Q4_0, Q5_0, Q8_0) or grid kernels (Q4_1, Q5_1). Crossovers on Gemma 3
 # 270M's layer shapes, one thread, a session script (best of 21 alternating passes, pairs or grid time /

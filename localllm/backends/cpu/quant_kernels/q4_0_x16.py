@@ -107,14 +107,11 @@ def _record_rows(n_rows: int, n_tiles: int = 1):
     return record_rows
 
 
-# Activation rows a pass over a tile's records takes (one accumulator per row and weight row: 4 rows
-# are 8 ymm registers on AVX2), and the tiles the one-row decode reads side by side, a quarter of the
-# matrix apart: four sequential runs per thread (the 8B-shaped Q4_0 file, Zen 3, 2 threads, tg32 tok/s
+# The tiles the one-row decode reads side by side, a quarter of the matrix apart: four sequential runs per thread (the 8B-shaped Q4_0 file, Zen 3, 2 threads, tg32 tok/s
 # alternating: one tile at a time 2.67 / 2.93, four apart 4.37 / 3.71, two 3.43 / 3.61, eight 3.67 /
 # 3.62; llama.cpp 2.74 / 3.03).
-ROWS_A_PASS = ROWS
 APART = 4
-record_rows_pass, record_rows_1 = _record_rows(ROWS_A_PASS), _record_rows(1)
+record_rows_pass, record_rows_1 = _record_rows(ROWS), _record_rows(1)
 record_rows_apart = _record_rows(1, APART)
 
 
@@ -123,7 +120,7 @@ def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
     """out[t, r] for r < 16 * n_tiles (the packed rows), every value equal to q4_0.vec_dot(row r,
     qs[t], d[t], s[t]). One activation row (the decode): tiles i, q + i, 2q + i, 3q + i together (q =
     n_tiles // APART), the rest one by one. More: the tiles split in n_parts contiguous runs (the
-    caller's thread count), every tile taken straight from its records by ROWS_A_PASS activation rows
+    caller's thread count), every tile taken straight from its records by ROWS activation rows
     at a time. (Through legacy_tiles' scratch instead, unpacked once per tile: no faster at any T
     measured, 8 to 64.)"""
     n_rows = qs.shape[0]
@@ -140,7 +137,7 @@ def matvec_packed(packed, n_blocks, n_parts, out, qs, d, s):
     n_parts = max(1, min(n_parts, n_tiles))
     for part in prange(n_parts):
         for tile in range(part * n_tiles // n_parts, (part + 1) * n_tiles // n_parts):
-            for group in range(n_rows // ROWS_A_PASS):
-                record_rows_pass(packed, n_blocks, tile, 0, qs, d, starts, out, group * ROWS_A_PASS)
-            for t in range(n_rows - n_rows % ROWS_A_PASS, n_rows):
+            for group in range(n_rows // ROWS):
+                record_rows_pass(packed, n_blocks, tile, 0, qs, d, starts, out, group * ROWS)
+            for t in range(n_rows - n_rows % ROWS, n_rows):
                 record_rows_1(packed, n_blocks, tile, 0, qs, d, starts, out, t)

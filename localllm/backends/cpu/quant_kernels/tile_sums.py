@@ -18,10 +18,10 @@ from __future__ import annotations
 from llvmlite import ir
 from numba.core import cgutils
 
+from .q4_k_tiles import TILE
 from .vector import VectorCode
 
 QUADS = 8  # four-byte quads per 32-element block
-TILE = 16  # weight rows per tile
 
 
 def emit_block_sums(v: VectorCode, sources, n_rows: int, n_blocks, acts, out, t):
