@@ -1,4 +1,4 @@
-"""Q4_K, Q5_K, Q6_K and Q4_0 vec_dot against a NumPy model of their arithmetic, bit for bit.
+"""Q4_K, Q5_K, Q6_K, Q4_0 and IQ4_NL vec_dot against a NumPy model of their arithmetic, bit for bit.
 
 Per super-block the kernels compute exact integers (Q4_K, Q5_K: sum_k scale_k * <q_k, a_k> and
 sum_k min_k * <1, a_k>; Q6_K: sum_g scale_g * <q_g - 32, a_g>), however their vector code is arranged
@@ -6,6 +6,7 @@ sum_k min_k * <1, a_k>; Q6_K: sum_g scale_g * <q_g - 32, a_g>), however their ve
   Q4_K, Q5_K: fma(ad, fma(d, float(scaled), -(dmin * float(mins))), acc)
   Q6_K: fma(ad * d, float(total), acc)
   Q4_0 (32-element blocks, block_sums): fma(float(sum_j (q_j - 8) * a_j), d * ad, acc)
+  IQ4_NL (the same, block_sums): fma(float(sum_j KVALUES[q_j] * a_j), d * ad, acc)
 (what the kernels computed when this test was written: LLVM had contracted the written
 acc + ad * (d * scaled - dmin * mins) so; they now state the fmas). The model computes the integers in
 int64 and the float steps exactly (fractions, one rounding), so any change to either (a reordered or
@@ -23,6 +24,7 @@ from quant_rows import bits, random_rows
 from localllm import quant
 from localllm.backends.cpu.quant_kernels import kernel_record
 from localllm.quant.activation import QuantizedActivation
+from localllm.quant.iq4_nl import KVALUES
 from localllm.quant.kquant_fit import unpack_scales_mins
 from localllm.quant.q6_k import unpack_quants
 
@@ -78,10 +80,22 @@ def _q6_k_model(row, aqs, ad, asum):
     return acc
 
 
+def _iq4_nl_model(row, aqs, ad, asum):
+    blocks = row.reshape(-1, 18)
+    index = np.concatenate([blocks[:, 2:] & 15, blocks[:, 2:] >> 4], axis=1)
+    levels = np.asarray(KVALUES, dtype=np.int64)[index]
+    return _block_sums_steps(blocks, levels, aqs, ad)
+
+
 def _q4_0_model(row, aqs, ad, asum):
     blocks = row.reshape(-1, 18)
     q = np.concatenate([blocks[:, 2:] & 15, blocks[:, 2:] >> 4], axis=1).astype(np.int64) - 8
-    total = (q * aqs.reshape(-1, 32).astype(np.int64)).sum(axis=1)
+    return _block_sums_steps(blocks, q, aqs, ad)
+
+
+def _block_sums_steps(blocks, weights, aqs, ad):
+    """One float step per 32-element block: weights int64[nb, 32] (the quants or levels), d at byte 0."""
+    total = (weights * aqs.reshape(-1, 32).astype(np.int64)).sum(axis=1)
     d = blocks[:, 0:2].copy().view(np.float16).astype(np.float32)[:, 0]
     acc = np.float32(0.0)
     for b in range(blocks.shape[0]):
@@ -89,7 +103,7 @@ def _q4_0_model(row, aqs, ad, asum):
     return acc
 
 
-MODELS = {"Q4_K": _q4_k_model, "Q5_K": _q5_k_model, "Q6_K": _q6_k_model, "Q4_0": _q4_0_model}
+MODELS = {"Q4_K": _q4_k_model, "Q5_K": _q5_k_model, "Q6_K": _q6_k_model, "Q4_0": _q4_0_model, "IQ4_NL": _iq4_nl_model}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -22,7 +22,7 @@ from localllm.backends.cpu.matmul import BatchActivation, ExpertPack, MatmulScra
 from localllm.backends.cpu.quant_kernels.q4_k_tiles import available as tiles_available
 from localllm.gguf.reader import GGUFReader, release_pages
 from localllm.gguf.writer import GGUFWriter
-from localllm.backends.cpu.quant_kernels import iq4_xs_x16, kernel_record, kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, q5_k_x16, q6_k_x16, vector
+from localllm.backends.cpu.quant_kernels import iq4_nl_x16, iq4_xs_x16, kernel_record, kernel_records, q2_k_x16, q3_k_x16, q4_0_x16, q4_k_x16, q5_k_x16, q6_k_x16, vector
 
 MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16, "Q5_K": q5_k_x16, "Q6_K": q6_k_x16, "IQ4_XS": iq4_xs_x16}  # the 256-element types with a packed layout (their kernel record's `packed`)
 # Bytes of a block whose largest values give the largest products in pairs (a row's block[WIDEST] all
@@ -33,7 +33,7 @@ MODULES = {"Q2_K": q2_k_x16, "Q3_K": q3_k_x16, "Q4_K": q4_k_x16, "Q5_K": q5_k_x1
 # whose pairs saturate vpmaddubsw).
 WIDEST = {"Q4_K": slice(16, 144), "Q3_K": slice(0, 96), "Q2_K": slice(0, 80), "Q5_K": slice(16, 176), "Q6_K": slice(0, 192), "IQ4_XS": slice(2, 136)}
 TYPES = sorted(MODULES)
-TESTED_ELSEWHERE = {"Q4_0": q4_0_x16}  # test_quant_tiles_legacy.py
+TESTED_ELSEWHERE = {"Q4_0": q4_0_x16, "IQ4_NL": iq4_nl_x16}  # test_quant_tiles_legacy.py
 
 
 def test_the_packed_types_are_those_whose_record_has_a_packed_kernel():

@@ -19,7 +19,7 @@ from test_quant_kquant_rows import _activations, _expected
 
 from localllm import quant
 from localllm.backends.cpu.matmul import BatchActivation, MatmulScratch, PackedWeights, matmul_rows, tile_rows_from
-from localllm.backends.cpu.quant_kernels import TileKernel, kernel_record, legacy_tiles, q4_0_x16, vector
+from localllm.backends.cpu.quant_kernels import TileKernel, iq4_nl_x16, kernel_record, legacy_tiles, q4_0_x16, vector
 
 KERNELS = {
     "Q4_0": legacy_tiles.q4_0_tiles,
@@ -158,7 +158,16 @@ def test_tiles_equal_vec_dot_on_every_isa(name):
         vector.VECTOR_ISA = saved
 
 
-# -- Q4_0 re-laid 16 rows at a time (q4_0_x16: every batch size, decode included) --
+# -- Q4_0 and IQ4_NL re-laid 16 rows at a time (q4_0_x16, iq4_nl_x16: the same records; every batch
+# size, decode included) --
+
+PACKED = {"Q4_0": q4_0_x16, "IQ4_NL": iq4_nl_x16}
+
+
+def test_the_packed_32_element_types_are_those_whose_record_has_a_packed_kernel():
+    for name, module in PACKED.items():
+        record = kernel_record(name).packed
+        assert (record.pack, record.matvec) == (module.pack, module.matvec_packed)
 
 
 def test_q4_0_pack_puts_row_i_scale_at_2i_and_its_quant_word_c_at_32_plus_64c_plus_4i():
@@ -173,26 +182,28 @@ def test_q4_0_pack_puts_row_i_scale_at_2i_and_its_quant_word_c_at_32_plus_64c_pl
     np.testing.assert_array_equal(packed, want.reshape(18, 288))
 
 
+@pytest.mark.parametrize("name", sorted(PACKED))
 @pytest.mark.parametrize("k,n_weights", [(256, 48), (2048, 48), (4608, 48), (2048, 144), (256, 256)])
-def test_q4_0_packed_kernel_equals_vec_dot_at_every_batch_size(k, n_weights):
+def test_packed_kernel_equals_vec_dot_at_every_batch_size(name, k, n_weights):
     # 9 and 16 tiles: the decode's tiles a quarter of the matrix apart (APART), and the tile left over.
-    QT = quant.get("Q4_0")
+    QT, module = quant.get(name), PACKED[name]
     rng = np.random.default_rng(k + n_weights)
-    raw = _weights("Q4_0", rng, n_weights, k)
-    packed = q4_0_x16.pack(raw)
+    raw = _weights(name, rng, n_weights, k)
+    packed = module.pack(raw)
     for n_rows in (1, 2, 3, 4, 5, 16, 33, 256, 257):
         batch = BatchActivation(QT.act, n_rows, k).quantize(_activations(rng, n_rows, k, 3.0))
         for n_parts in (1, 2, 5):
             out = np.full((n_rows, n_weights), np.nan, dtype=np.float32)
-            q4_0_x16.matvec_packed(packed, k // 32, n_parts, out, *batch)
-            np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"K={k} T={n_rows} parts={n_parts}")
+            module.matvec_packed(packed, k // 32, n_parts, out, *batch)
+            np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, batch)), err_msg=f"{name} K={k} T={n_rows} parts={n_parts}")
 
 
+@pytest.mark.parametrize("name", sorted(PACKED))
 @pytest.mark.parametrize("n_weights", [16, 21, 47])
-def test_q4_0_packed_weights_take_the_last_rows_by_the_row_kernels(n_weights):
-    QT = quant.get("Q4_0")
+def test_packed_weights_take_the_last_rows_by_the_row_kernels(name, n_weights):
+    QT = quant.get(name)
     rng = np.random.default_rng(n_weights)
-    raw = _weights("Q4_0", rng, n_weights, 1056)  # 33 blocks
+    raw = _weights(name, rng, n_weights, 1056)  # 33 blocks
     packed = PackedWeights(QT, raw)
     assert packed.n_packed == n_weights - n_weights % 16
     for n_rows in (1, 3, 40):
@@ -202,22 +213,23 @@ def test_q4_0_packed_weights_take_the_last_rows_by_the_row_kernels(n_weights):
         np.testing.assert_array_equal(bits(out), bits(_expected(QT, raw, BatchActivation(QT.act, n_rows, 1056).quantize(x))))
 
 
-def test_q4_0_packed_kernel_equals_vec_dot_on_every_isa():
-    QT = quant.get("Q4_0")
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_packed_kernel_equals_vec_dot_on_every_isa(name):
+    QT, module = quant.get(name), PACKED[name]
     rng = np.random.default_rng(43)
     k = 544
-    raw = _weights("Q4_0", rng, 80, k)  # 5 tiles: four a quarter apart in the decode, one left over
-    packed = q4_0_x16.pack(raw)
+    raw = _weights(name, rng, 80, k)  # 5 tiles: four a quarter apart in the decode, one left over
+    packed = module.pack(raw)
     batches = [BatchActivation(QT.act, n, k).quantize(_activations(rng, n, k, 2.0)) for n in (1, 7)]
     expected = [_expected(QT, raw, batch) for batch in batches]
     saved = vector.VECTOR_ISA
     try:
         for isa in isa_paths():
             vector.VECTOR_ISA = isa
-            kernel = compiled_for_isa(q4_0_x16.matvec_packed)  # compiled now, for isa
+            kernel = compiled_for_isa(module.matvec_packed)  # compiled now, for isa
             for batch, want in zip(batches, expected):
                 out = np.full((batch[0].shape[0], 80), np.nan, dtype=np.float32)
                 kernel(packed, k // 32, 2, out, *batch)
-                np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{isa} T={batch[0].shape[0]}")
+                np.testing.assert_array_equal(bits(out), bits(want), err_msg=f"{name} {isa} T={batch[0].shape[0]}")
     finally:
         vector.VECTOR_ISA = saved

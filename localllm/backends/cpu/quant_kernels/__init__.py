@@ -291,11 +291,15 @@ def _q8_k() -> KernelRecord:
 
 def _iq4_nl() -> KernelRecord:
     from . import iq4_nl as k
-    from . import legacy_tiles
+    from . import iq4_nl_x16, legacy_tiles
 
     pairs = PairKernels(k.PAIR_KERNELS, k.ZERO_POINT, k.QUAD_ZERO)
     tiles = TileKernel(legacy_tiles.iq4_nl_tiles, legacy_tiles.MIN_ROWS["IQ4_NL"], legacy_tiles.NARROW_MIN_ROWS["IQ4_NL"])
-    return KernelRecord(quant.get("IQ4_NL"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles)
+    packed = PackedKernel(iq4_nl_x16.pack, iq4_nl_x16.matvec_packed)
+    return KernelRecord(
+        quant.get("IQ4_NL"), k.vec_dot, k.dequantize_row, grid=GridKernels(k.dot_4x1, k.dot_1x4), pairs=pairs, tiles=tiles,
+        packed=packed,
+    )
 
 
 def _iq4_xs() -> KernelRecord:

@@ -25,16 +25,19 @@ def _block_quants(v: VectorCode, w, base):
 
 
 # IQ4_NL is Q8_0 with a looked-up block: weights d * level, signed, no zero point. So its one-row, grid
-# and pair kernels are Q8_0's (legacy.signed_block_terms_kernel): per block the 32 products in eight
-# int32 lanes, scaled by d * ad as a vector into float lanes, one sum per row.
-block_terms = signed_block_terms_kernel(BLOCK_BYTES, _block_quants)
+# and pair kernels are Q8_0's (legacy.signed_block_terms_kernel), in the block-sums order: per block the
+# 32 products summed in integers, then one float step, acc = fma(float(sum), d * ad, acc), block after
+# block. That is the order of llama.cpp's re-laid IQ4_NL kernels, which it runs on AVX2 for every matrix
+# of N % 8 == 0 (repack.cpp: iq4_nl_8x8_q8_0, gemv/gemm_q4_b32_8x8_q8_0_lut_avx), and it lets the 16-row
+# tiles keep one accumulator per row (legacy_tiles, tile_sums.py).
+block_terms = signed_block_terms_kernel(BLOCK_BYTES, _block_quants, block_sums=True)
 row_dot = row_dot_kernel(block_terms)
 dot_4x1 = grid_dot_intrinsic(block_terms, 4, 1)
 dot_1x4 = grid_dot_intrinsic(block_terms, 1, 4)
 
 ZERO_POINT = 0
 QUAD_ZERO = 128  # the batched decode's offset for unsigned weight bytes (pairs.py), as Q8_0's
-pair_terms = signed_pair_terms_kernel(BLOCK_BYTES, _block_quants)
+pair_terms = signed_pair_terms_kernel(BLOCK_BYTES, _block_quants, block_sums=True)
 PAIR_KERNELS = pair_grid_dots(pair_terms)
 
 
@@ -65,5 +68,6 @@ def dequantize_row(src, out):
 
 @fast_kernel
 def vec_dot(w, aqs, ad, asum):
-    """w: uint8[nb*18] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation."""
+    """w: uint8[nb*18] weight row; aqs int8[n], ad float32[n/32], asum int32[n/32]: q8_0 activation.
+    acc = fma(float(sum_j level_j * a_j), d * ad[b], acc) over the blocks b in order (block_sums)."""
     return row_dot(w, aqs, ad, asum, aqs.shape[0] // BLOCK)

@@ -63,10 +63,15 @@ def tile_values(v: VectorCode, packed):
     the target has AVX-512 BW, else VectorCode's 32-lane look-up on each half."""
     table = SIGNED_TABLE if narrow(v) else UNSIGNED_TABLE
     indices = v.builder.shuffle_vector(v.and_(packed, 15), v.shr(packed, 4), v._lane_list(_GROUP_ORDER))
+    return table_values(v, table, indices)
+
+
+def table_values(v: VectorCode, table, indices):
+    """<64 x i8> indices 0..15 -> table[indices] (16 int8 values): one 512-bit vpshufb where the target
+    has AVX-512 BW, else VectorCode's 32-lane look-up on each half."""
     if v.avx512_bw:  # vpshufb looks up within each 128-bit lane: the table in all four
         return v._x86("llvm.x86.avx512.pshuf.b.512", [ir.Constant(indices.type, table * 4), indices], indices.type)
-    halves = [v.lookup16(table, v.shuffle(indices, range(32 * h, 32 * h + 32))) for h in range(2)]
-    return v.join(*halves)
+    return v.join(*[v.lookup16(table, v.shuffle(indices, range(32 * h, 32 * h + 32))) for h in range(2)])
 
 
 def store_vector(v: VectorCode, array_type, array, index, vec):

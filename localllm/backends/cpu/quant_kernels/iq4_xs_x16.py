@@ -28,7 +28,7 @@ from numba.extending import intrinsic
 from ....jit import exact_kernel
 from ....quant.iq4_xs import BLOCK_BYTES, N_SUB
 from . import iq4_tiles
-from .iq4_tiles import SIGNED_TABLE, UNSIGNED_TABLE, _offsets, tile_dots_xs_1, tile_dots_xs_4
+from .iq4_tiles import SIGNED_TABLE, UNSIGNED_TABLE, _offsets, table_values, tile_dots_xs_1, tile_dots_xs_4
 from .q2_k_tiles import store_vector
 from .q3_k_x16 import record_pointer
 from .q4_k_tiles import CHUNK, ROWS, TILE, _dot_quads_512, activation_quads, fma_into_row, narrow, sub_block_sum_pairs
@@ -87,10 +87,7 @@ def _record_codes(v: VectorCode, record):
 
 def _values(v: VectorCode, indices):
     """<64 x i8> indices 0..15 -> their table values as iq4_tiles' tile holds them (tile_values)."""
-    table = SIGNED_TABLE if narrow(v) else UNSIGNED_TABLE
-    if v.avx512_bw:  # vpshufb looks up within each 128-bit lane: the table in all four
-        return v._x86("llvm.x86.avx512.pshuf.b.512", [ir.Constant(indices.type, table * 4), indices], indices.type)
-    return v.join(*[v.lookup16(table, v.shuffle(indices, range(32 * h, 32 * h + 32))) for h in range(2)])
+    return table_values(v, SIGNED_TABLE if narrow(v) else UNSIGNED_TABLE, indices)
 
 
 def _index_values(v: VectorCode, record, k: int, s: int):

@@ -190,12 +190,13 @@ def f16_scale(v: VectorCode, w, base, lanes: int = 8):
     return v.load_f16_splat(None, w, base, lanes)
 
 
-def signed_block_terms_kernel(block_bytes: int, quants, scale=f16_scale):
+def signed_block_terms_kernel(block_bytes: int, quants, scale=f16_scale, block_sums: bool = False):
     """block_terms(v, w, aqs, ad, asum, b, prefetch) for a type of signed quants without zero point or
     minimum (Q8_0, IQ4_NL, MXFP4): weights d * q, d = scale(v, w, base of the block, lanes) (the float16
     at byte 0, or MXFP4's E8M0), q = quants(v, w, base of the block) (<32 x i8>, |q| <= 127). The 32
     products in eight int32 lanes (dot_quads_signed: lane j the exact sum over quad j) and the scale
-    d * ad as a vector; asum unused."""
+    d * ad as a vector; asum unused. block_sums: block_terms_kernel's (the block's sum in lane 0)."""
+    totals = block_totals if block_sums else (lambda v, ints: ints)
 
     def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
         builder = v.builder
@@ -204,19 +205,21 @@ def signed_block_terms_kernel(block_bytes: int, quants, scale=f16_scale):
         if prefetch is not None:  # the row pointer to prefetch PREFETCH_BYTES past block b of
             v.prefetch(None, prefetch, base)
         acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
-        ints = v.dot_quads_signed(weights, acts)
+        ints = totals(v, v.dot_quads_signed(weights, acts))
         block_scale = builder.fmul(scale(v, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
         return ints, block_scale, None
 
     return block_terms
 
 
-def signed_pair_terms_kernel(block_bytes: int, quants, scale=f16_scale):
+def signed_pair_terms_kernel(block_bytes: int, quants, scale=f16_scale, block_sums: bool = False):
     """pair_terms for a signed_block_terms_kernel type (pairs.py's QUAD_ZERO = 128): against an activation
     pair (pairs.pair_activations), both rows in 512-bit vectors for half None, else row half (ps unused).
     Both rows: in the spread layout the weights as unsigned bytes q + 128 from ps's per-lane starts; in
     the compact one, which has no room for those, the activations take the weights' signs by a masked
-    negation (AVX-512 has no vpsignb). Every lane the same integer as block_terms'."""
+    negation (AVX-512 has no vpsignb). Every lane the same integer as block_terms'; block_sums as
+    block_terms_kernel's (each row's block sum in its first lane)."""
+    totals = block_totals if block_sums else (lambda v, ints: ints)
 
     def pair_terms(v: VectorCode, w, pq, pd, ps, b, half, prefetch, spread):
         builder = v.builder
@@ -232,9 +235,9 @@ def signed_pair_terms_kernel(block_bytes: int, quants, scale=f16_scale):
                 ints = dot_quads_offset_wide(v, both, acts, pair_lanes(v, ps, b, spread))
             else:
                 ints = dot_quads_signed_wide(v, both, acts)
-            return ints, builder.fmul(scale(v, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
+            return totals(v, ints), builder.fmul(scale(v, w, base, 16), pair_lanes(v, pd, b, spread), flags=v.PINNED)
         acts = v.load(None, pq, v.offset(at64, BLOCK * half), BLOCK)
-        ints = v.dot_quads_signed(weights, acts)
+        ints = totals(v, v.dot_quads_signed(weights, acts))
         act_scale = pair_lane(v, pd, b, half, spread)
         return ints, builder.fmul(scale(v, w, base), v.splat(act_scale, 8), flags=v.PINNED)
 

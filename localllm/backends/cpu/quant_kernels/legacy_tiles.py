@@ -189,8 +189,10 @@ def _rows_kernel(kind: str, n_rows: int, block_sums: bool = False):
     for u < n_rows, each lane vec_dot's value for its weight row. ints: the starts (ZERO_POINT:
     int32[T, nb]; QUAD_OFFSET: int32[T, K / 4]; SIGNED_BY_ACTIVATION: the activation's magnitudes
     int8[T, K], narrow targets only) or, for MINIMUM, the activation's block sums
-    int32[T, nb] (mins float32[nb, 16] then holds the minima; otherwise unused). block_sums: a
-    ZERO_POINT type of 4-bit quants in the block-sums order (Q4_0: tile_sums.py)."""
+    int32[T, nb] (mins float32[nb, 16] then holds the minima; otherwise unused). block_sums: the
+    block-sums order (tile_sums.py), for a ZERO_POINT type of 4-bit quants (Q4_0) or IQ4_NL's levels
+    (SIGNED_BY_ACTIVATION: ints on wide targets the starts of its q + 128, -128 * asum, int32[T, nb];
+    elsewhere the activation's magnitudes as quads, int32[T, K / 4])."""
 
     @intrinsic
     def tile_rows(typingctx, tile, scales, mins, aqs, ad, ints, out, r0, t):
@@ -210,9 +212,12 @@ def _rows_kernel(kind: str, n_rows: int, block_sums: bool = False):
 
             n_blocks = cgutils.unpack_tuple(builder, context.make_array(st[1])(context, builder, scales_).shape)[0]
             acts = [(st[3], aqs_), (st[4], ad_), (st[5], ints_)]
-            if block_sums:
-                source = (lambda b: block_vectors(b)[:2], r0_)
-                emit_block_sums(v, [source], n_rows, n_blocks, acts, (st[6], out_), t_)
+            if block_sums:  # each quad loaded where it is used (tile_sums._block_sums)
+                def quad_at(b):
+                    return lambda j: v.load(st[0], tile_, builder.mul(v.offset(builder.mul(b, i64(QUADS)), j), i64(64)), 64)
+
+                source = (lambda b: (quad_at(b), v.load(st[1], scales_, builder.mul(b, i64(16)), 16)), r0_)
+                emit_block_sums(v, [source], n_rows, n_blocks, acts, (st[6], out_), t_, signed=kind == SIGNED_BY_ACTIVATION)
             else:
                 emit_rows(v, kind, n_rows, n_blocks, block_vectors, acts, (st[6], out_), r0_, t_)
             return context.get_dummy_value()
@@ -376,6 +381,7 @@ sum_rows_2, sum_rows_1 = _rows_kernel(ZERO_POINT, ROWS, block_sums=True), _rows_
 min_rows_2, min_rows_1 = _rows_kernel(MINIMUM, ROWS), _rows_kernel(MINIMUM, 1)
 quad_rows_2, quad_rows_1 = _rows_kernel(QUAD_OFFSET, ROWS), _rows_kernel(QUAD_OFFSET, 1)
 signed_rows_2, signed_rows_1 = _rows_kernel(SIGNED_BY_ACTIVATION, ROWS), _rows_kernel(SIGNED_BY_ACTIVATION, 1)
+level_rows_2, level_rows_1 = _rows_kernel(SIGNED_BY_ACTIVATION, ROWS, True), _rows_kernel(SIGNED_BY_ACTIVATION, 1, True)
 
 unpack_q4_0 = _unpacker(18, _four_bit(2))
 unpack_q4_1 = _unpacker(20, _four_bit(4))
@@ -524,22 +530,26 @@ def q8_0_tiles(weights, out, qs, d, s):
                 quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
 
 
+@exact_kernel
+def level_activation_terms(s, qs, wide_tiles):
+    """The ints of IQ4_NL's tiles: on wide targets each block's start -128 * asum (its levels stored as
+    q + 128), int32[T, nb]; elsewhere |qs| as int32[T, K / 4], one word a quad (SIGNED_BY_ACTIVATION)."""
+    if wide_tiles:
+        starts = np.empty(s.shape, dtype=np.int32)
+        zero_starts(s, 128, starts)
+        return starts
+    return np.abs(qs).view(np.int32)
+
+
 @exact_kernel(parallel=True)
 def iq4_nl_tiles(weights, out, qs, d, s):
     n_rows, n_blocks = d.shape
-    wide_tiles = tiles_are_wide()
-    starts, magnitudes = quad_activation_terms(qs, n_blocks, wide_tiles)
+    ints = level_activation_terms(s, qs, tiles_are_wide())
     for tile_index in prange(weights.shape[0] // TILE):
         tile, scales, mins = tile_scratch(n_blocks)
         unpack_iq4_nl(weights, tile_index * TILE, n_blocks, tile)
         f16_columns(weights, tile_index * TILE, 18, 0, scales)
         for pair in range(n_rows // ROWS):  # IQ4_NL's levels are -127..113: never -128
-            if wide_tiles:
-                quad_rows_2(tile, scales, mins, qs, d, starts, out, tile_index * TILE, pair * ROWS)
-            else:
-                signed_rows_2(tile, scales, mins, qs, d, magnitudes, out, tile_index * TILE, pair * ROWS)
+            level_rows_2(tile, scales, mins, qs, d, ints, out, tile_index * TILE, pair * ROWS)
         for t in range(n_rows - n_rows % ROWS, n_rows):
-            if wide_tiles:
-                quad_rows_1(tile, scales, mins, qs, d, starts, out, tile_index * TILE, t)
-            else:
-                signed_rows_1(tile, scales, mins, qs, d, magnitudes, out, tile_index * TILE, t)
+            level_rows_1(tile, scales, mins, qs, d, ints, out, tile_index * TILE, t)

@@ -23,6 +23,7 @@ from numba import prange, types
 from numba.extending import intrinsic
 
 from ....jit import exact_kernel
+from .iq4_tiles import table_values
 from .legacy_tiles import QUADS, ROWS, TILE, zero_starts
 from .tile_sums import emit_block_sums
 from .vector import VectorCode
@@ -59,8 +60,9 @@ def pack(weights: np.ndarray) -> np.ndarray:
     return packed
 
 
-def _record_vectors(v: VectorCode, record):
-    """A record's eight quad vectors (<64 x i8>, quad j of the 16 rows) and scales (<16 x float>)."""
+def _record_vectors(v: VectorCode, record, levels=None):
+    """A record's eight quad vectors (<64 x i8>, quad j of the 16 rows) and scales (<16 x float>); with
+    `levels` (16 int8 values: IQ4_NL's) each nibble's level in place of the nibble."""
     builder = v.builder
     i64 = ir.IntType(64)
     quads = [None] * QUADS
@@ -68,6 +70,8 @@ def _record_vectors(v: VectorCode, record):
         packed = v.load(None, record, i64(QUANTS_AT + 64 * c), 64)
         quads[c] = v.and_(packed, 0x0F)
         quads[c + 4] = v.shr(packed, 4)
+    if levels is not None:
+        quads = [table_values(v, levels, quad) for quad in quads]
     halves = builder.bitcast(v.load(None, record, i64(0), 2 * TILE), ir.VectorType(ir.HalfType(), TILE))
     return quads, builder.fpext(halves, ir.VectorType(ir.FloatType(), TILE))
 
@@ -77,11 +81,15 @@ def _record_pointer(v: VectorCode, packed_type, packed, n_blocks, tile, b):
     return v.row_pointer(packed_type, packed, builder.add(builder.mul(v.resize(tile, 64), v.resize(n_blocks, 64)), b))
 
 
-def _record_rows(n_rows: int, n_tiles: int = 1):
+def _record_rows(n_rows: int, n_tiles: int = 1, levels=None):
+    """levels: a function of the VectorCode giving the 16 levels the nibbles stand for (IQ4_NL's, signed
+    or + 128 as tile_sums takes them), or None: the nibbles themselves (Q4_0)."""
+
     @intrinsic
     def record_rows(typingctx, packed, n_blocks, tile, step, aqs, ad, starts, out, t):
         """out[t + u, 16 * tile_k : 16 * tile_k + 16] for u < n_rows and the n_tiles tiles tile_k = tile
-        + k * step, straight from their records, all in one loop over the blocks (tile_sums.py)."""
+        + k * step, straight from their records, all in one loop over the blocks (tile_sums.py); starts:
+        tile_sums.emit_block_sums' starts (or, for levels on narrow targets, magnitudes)."""
         sig = types.void(packed, n_blocks, tile, step, aqs, ad, starts, out, t)
 
         def codegen(context, builder, signature, args):
@@ -94,12 +102,14 @@ def _record_rows(n_rows: int, n_tiles: int = 1):
                 tile_k = builder.add(v.resize(tile_, 64), builder.mul(v.resize(step_, 64), i64(k)))
 
                 def block_vectors(b):
-                    return _record_vectors(v, _record_pointer(v, st[0], packed_, n_blocks_, tile_k, b))
+                    record = _record_pointer(v, st[0], packed_, n_blocks_, tile_k, b)
+                    return _record_vectors(v, record, None if levels is None else levels(v))
 
                 return block_vectors, builder.mul(tile_k, i64(TILE))
 
             acts = [(st[4], aqs_), (st[5], ad_), (st[6], starts_)]
-            emit_block_sums(v, [source(k) for k in range(n_tiles)], n_rows, n_blocks_, acts, (st[7], out_), t_)
+            sources = [source(k) for k in range(n_tiles)]
+            emit_block_sums(v, sources, n_rows, n_blocks_, acts, (st[7], out_), t_, signed=levels is not None)
             return context.get_dummy_value()
 
         return sig, codegen
