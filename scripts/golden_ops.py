@@ -74,6 +74,9 @@ matmul_rows entries re-recorded on an AVX2-only machine (AMD Zen 3) with the fir
 /work/main, every other entry unchanged; the avx512_vnni and avx512_amx Q4_0 entries copied from them (no
 AVX-512 machine was at hand; every one of the 21 had equalled its avx2 twin in all three keys, and the new
 order is the same operations on every vector width: exact integers, then one fma per block and row).
+IQ4_NL's block sums (the same day, the same reason: llama.cpp re-lays IQ4_NL on AVX2 too) were recorded
+the same way: its 21 matmul and matmul_rows entries changed, every other entry came out unchanged, and
+the avx512_vnni and avx512_amx IQ4_NL entries, each equal to its avx2 twin before, were copied.
 
 Checked on the code after with `--check tests/data/golden/ops.json` (PYTHONPATH=/work/main, from
 /work/main; the haswell run with /tmp/numba-haswell-after and /tmp/kd-haswell-after).
