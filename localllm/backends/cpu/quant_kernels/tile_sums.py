@@ -40,11 +40,14 @@ def emit_block_sums(v: VectorCode, sources, n_rows: int, n_blocks, acts, out, t,
     i64 = ir.IntType(64)
     t = v.resize(t, 64)
     wide = v.avx512_vnni
-    if not wide and n_rows > 1:
+    if signed and not wide and n_rows > 1:
         # One loop per activation row: two rows in one loop spill the 16 ymm registers (LLVM computes
         # each row's and half's sum whole, so the tile's quads wait on the stack for the other row).
-        # x86 instructions a product of 8 weight rows by a quad, two rows / one: Q4_0 5.1 / 4.5,
-        # IQ4_NL 7.8 / 6.7; the second pass reads the tile from L1 or L2.
+        # x86 instructions a product of 8 weight rows by a quad in legacy_tiles' IQ4_NL tile, two rows /
+        # one: 7.8 / 6.7; the second pass reads the tile from L1 or L2. Q4_0 keeps its rows together
+        # (5.1 / 4.5 there, but from q4_0_x16's records the split unpacks the nibbles again for each
+        # row: 8B-shaped Q4_0 pp128, tok/s alternating, together 7.24 / 5.46 / 6.12, split 5.44 /
+        # 5.03 / 6.39).
         for u in range(n_rows):
             emit_block_sums(v, sources, 1, n_blocks, acts, out, v.offset(t, u), signed)
         return
