@@ -20,6 +20,10 @@ bytes), so lane j starts from -128 times the activation's quad j sum: |start| <=
 lane ends at exactly vec_dot's integer. IQ4_NL's looked-up levels (-127..113) are stored the same way.
 On AVX2 (vpmaddubsw, which saturates where vpdpbusd does not) those two types' quants stay signed and
 the activation's magnitudes take their place as the unsigned operand (SIGNED_BY_ACTIVATION).
+
+Q4_0 and IQ4_NL are not in that order: their vec_dot sums each block in integers and takes one float
+step per block (legacy.block_terms_kernel's block_sums, llama.cpp's re-laid order), and their tiles go
+through tile_sums.py with one accumulator per row (sum_rows_*, level_rows_*).
 """
 
 from __future__ import annotations
