@@ -122,11 +122,12 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
     The integer sum stays in eight int32 lanes (lane 0 starts from the zero correction), is converted
     and scaled as a vector and added to float accumulators (VectorCode.row_sum / grid_sum): no
     horizontal sum per block, which is what held these types to 7 GB/s; the float order of llama.cpp's
-    AVX2 vec_dot. block_sums: the block's whole integer sum in lane 0 instead (block_totals), so the
-    float steps are one fused multiply-add per block, acc = fma(float(sum), d * ad[b], acc), block after
-    block: the order of llama.cpp's re-laid AVX2 kernels (repack.cpp's gemv/gemm for Q4_0, which it
-    takes on AVX2 for every matrix of N % 8 == 0), and one the 16-row lane kernels follow with one
-    accumulator per row instead of eight (tile_sums.py).
+    AVX2 vec_dot. block_sums (marked on the returned function, for row_sum and grid_sum to read): the
+    block's eight lanes summed whole, so the float steps are one fused multiply-add per block, acc =
+    fma(float(sum), d * ad[b], acc), block after block (FloatSums._block_sums_grid, with the bits of
+    block_totals' lane 0 in row_sum's eight lanes): the order of llama.cpp's re-laid AVX2 kernels
+    (repack.cpp's gemv/gemm for Q4_0, which it takes on AVX2 for every matrix of N % 8 == 0), and one
+    the 16-row lane kernels follow with one accumulator per row instead of eight (tile_sums.py).
     """
 
     def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
@@ -143,8 +144,6 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
         # The zero correction starts lane 0's sum (with VNNI, vpdpbusd's accumulator: no extra op).
         start = _first_lane(v, builder.mul(act_sum, ir.Constant(act_sum.type, -zero)), 8) if zero else None
         ints = v.dot_quads(quants, acts, start)
-        if block_sums:
-            ints = block_totals(v, ints)
         scale = builder.fmul(v.load_f16_splat(None, w, base), v.splat(act_scale, 8), flags=v.PINNED)
         if min_offset is None:
             return ints, scale, None
@@ -154,6 +153,7 @@ def block_terms_kernel(block_bytes: int, qs_offset: int, qh_offset=None, zero: i
         extra = builder.fmul(product, builder.sitofp(act_sum, ir.FloatType()), flags=v.PINNED)
         return ints, scale, extra
 
+    block_terms.block_sums = block_sums
     return block_terms
 
 
@@ -195,8 +195,7 @@ def signed_block_terms_kernel(block_bytes: int, quants, scale=f16_scale, block_s
     minimum (Q8_0, IQ4_NL, MXFP4): weights d * q, d = scale(v, w, base of the block, lanes) (the float16
     at byte 0, or MXFP4's E8M0), q = quants(v, w, base of the block) (<32 x i8>, |q| <= 127). The 32
     products in eight int32 lanes (dot_quads_signed: lane j the exact sum over quad j) and the scale
-    d * ad as a vector; asum unused. block_sums: block_terms_kernel's (the block's sum in lane 0)."""
-    totals = block_totals if block_sums else (lambda v, ints: ints)
+    d * ad as a vector; asum unused. block_sums: block_terms_kernel's."""
 
     def block_terms(v: VectorCode, w, aqs, ad, asum, b, prefetch):
         builder = v.builder
@@ -205,10 +204,11 @@ def signed_block_terms_kernel(block_bytes: int, quants, scale=f16_scale, block_s
         if prefetch is not None:  # the row pointer to prefetch PREFETCH_BYTES past block b of
             v.prefetch(None, prefetch, base)
         acts = v.load(None, aqs, builder.mul(b, ir.Constant(b.type, BLOCK)), BLOCK)
-        ints = totals(v, v.dot_quads_signed(weights, acts))
+        ints = v.dot_quads_signed(weights, acts)
         block_scale = builder.fmul(scale(v, w, base), v.splat(v.load_scalar(None, ad, b), 8), flags=v.PINNED)
         return ints, block_scale, None
 
+    block_terms.block_sums = block_sums
     return block_terms
 
 
@@ -255,7 +255,7 @@ def row_dot_kernel(block_terms):
         def codegen(context, builder, signature, args):
             v = VectorCode(context, builder)
             pointers = [v._data(t, a) for t, a in zip(signature.args[:4], args[:4])]
-            return v.row_sum(args[4], lambda b: block_terms(v, *pointers, b, pointers[0]))
+            return v.row_sum(args[4], lambda b: block_terms(v, *pointers, b, pointers[0]), getattr(block_terms, "block_sums", False))
 
         return sig, codegen
 

@@ -456,7 +456,7 @@ def grid_dot_intrinsic(block_terms, n_weight_rows: int, n_act_rows: int):
                 w_row, t = divmod(i, n_act_rows)
                 return block_terms(v, rows[w_row], *acts[t], b, rows[w_row] if t == 0 else None)
 
-            totals = v.grid_sum(n_blocks_, block, n_dots)
+            totals = v.grid_sum(n_blocks_, block, n_dots, block_sums=getattr(block_terms, "block_sums", False))
             return context.make_tuple(builder, signature.return_type, totals)
 
         return sig, codegen
@@ -491,7 +491,7 @@ def apart_dot_intrinsic(block_terms, count: int):
             def block(b, i):
                 return block_terms(v, rows[i], *act, b, None)
 
-            totals = v.grid_sum(n_blocks_, block, count)
+            totals = v.grid_sum(n_blocks_, block, count, block_sums=getattr(block_terms, "block_sums", False))
             return context.make_tuple(builder, signature.return_type, totals)
 
         return sig, codegen
