@@ -216,7 +216,7 @@ def _rows_kernel(kind: str, n_rows: int, block_sums: bool = False):
 
             n_blocks = cgutils.unpack_tuple(builder, context.make_array(st[1])(context, builder, scales_).shape)[0]
             acts = [(st[3], aqs_), (st[4], ad_), (st[5], ints_)]
-            if block_sums:  # each quad loaded where it is used (tile_sums._block_sums)
+            if block_sums:  # each quad emitted at its use (tile_sums._block_sums)
                 def quad_at(b):
                     return lambda j: v.load(st[0], tile_, builder.mul(v.offset(builder.mul(b, i64(QUADS)), j), i64(64)), 64)
 

@@ -87,7 +87,7 @@ def _activation_block(v: VectorCode, act_row, b, width: int, by_magnitude: bool)
     qs_row, ad_row, ints_row = act_row
 
     def quad_words(row, per_quad: int):  # row: an element pointer, per_quad elements a quad
-        def word(j: int):  # loaded where it is used (all eight up front: LLVM spilled them)
+        def word(j: int):  # emitted at its use (LLVM schedules the loads as it likes either way)
             at = v.offset(builder.mul(b, ir.Constant(b.type, per_quad * QUADS)), per_quad * j)
             word = builder.load(builder.bitcast(builder.gep(row, [at]), ir.IntType(32).as_pointer()), align=1)
             return v.bitcast(v.splat(word, width), 4 * width, 8)
@@ -102,8 +102,9 @@ def _block_sums(v: VectorCode, quads, halves, rows, by_magnitude: bool):
     """[u][h] <len(halves[h]) x i32>: start + the block's products summed over its 32 elements, for
     activation row u (rows[u]: its quad words and start, by_magnitude its magnitude quads) and the weight
     rows halves[h] of the tile: all 16 with VNNI's vpdpbusd, else a half of 8 through int16 pair sums or,
-    by_magnitude, signed quads widened one at a time. Quad by quad over every row and half, so that each
-    of the tile's quads is used while it is in a register (row by row, LLVM kept them all and spilled)."""
+    by_magnitude, signed quads widened one at a time. Written quad by quad over every row and half
+    (integer sums: the order changes no bit; LLVM's scheduler picks its own, and with two rows on AVX2
+    still spills, hence emit_block_sums' one loop per row there)."""
     builder = v.builder
     ones = v.constant(1, 16, 16)
     quad = quads if callable(quads) else quads.__getitem__
