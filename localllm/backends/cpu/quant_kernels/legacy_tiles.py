@@ -216,11 +216,8 @@ def _rows_kernel(kind: str, n_rows: int, block_sums: bool = False):
 
             n_blocks = cgutils.unpack_tuple(builder, context.make_array(st[1])(context, builder, scales_).shape)[0]
             acts = [(st[3], aqs_), (st[4], ad_), (st[5], ints_)]
-            if block_sums:  # each quad emitted at its use (tile_sums._block_sums)
-                def quad_at(b):
-                    return lambda j: v.load(st[0], tile_, builder.mul(v.offset(builder.mul(b, i64(QUADS)), j), i64(64)), 64)
-
-                source = (lambda b: (quad_at(b), v.load(st[1], scales_, builder.mul(b, i64(16)), 16)), r0_)
+            if block_sums:
+                source = (lambda b: block_vectors(b)[:2], r0_)
                 emit_block_sums(v, [source], n_rows, n_blocks, acts, (st[6], out_), t_, signed=kind == SIGNED_BY_ACTIVATION)
             else:
                 emit_rows(v, kind, n_rows, n_blocks, block_vectors, acts, (st[6], out_), r0_, t_)

@@ -87,7 +87,9 @@ def _activation_block(v: VectorCode, act_row, b, width: int, by_magnitude: bool)
     qs_row, ad_row, ints_row = act_row
 
     def quad_words(row, per_quad: int):  # row: an element pointer, per_quad elements a quad
-        def word(j: int):  # emitted at its use (LLVM schedules the loads as it likes either way)
+        # Each broadcast emitted at its use: all sixteen up front, LLVM kept them and spilled (IQ4_NL's
+        # one-row AVX2 tile loop 128 x86 instructions for 16 quad products, 106 this way).
+        def word(j: int):
             at = v.offset(builder.mul(b, ir.Constant(b.type, per_quad * QUADS)), per_quad * j)
             word = builder.load(builder.bitcast(builder.gep(row, [at]), ir.IntType(32).as_pointer()), align=1)
             return v.bitcast(v.splat(word, width), 4 * width, 8)
@@ -107,10 +109,9 @@ def _block_sums(v: VectorCode, quads, halves, rows, by_magnitude: bool):
     still spills, hence emit_block_sums' one loop per row there)."""
     builder = v.builder
     ones = v.constant(1, 16, 16)
-    quad = quads if callable(quads) else quads.__getitem__
     partial = [[None for _ in halves] for _ in rows]
     for j in range(QUADS):
-        whole = quad(j)
+        whole = quads[j]
         weights = [whole if len(lanes) == TILE else v.shuffle(whole, range(4 * lanes[0], 4 * lanes[0] + 4 * len(lanes)))
                    for lanes in halves]
         for u, (words, start, _) in enumerate(rows):
